@@ -1,0 +1,65 @@
+"""fairq: durable work queues, publish/subscribe, fair attention queues, idempotent
+consumers and a flash-sale waiting room — embedded on SQLite, or on a distributed engine.
+
+    import fairq
+    broker = await fairq.connect()              # $FAIRQ_URL or sqlite:///fairq.db
+    q = await broker.declare_queue("ticket-pdf")
+    await q.send({"order": "o-7731"})
+    for msg in await q.receive(wait=5):
+        ...
+        await msg.ack()
+"""
+
+from .broker import Broker, connect
+from .clock import Clock, ManualClock, SystemClock
+from .errors import (
+    BackendError,
+    ConfigConflict,
+    ConnectionError,
+    FairqError,
+    InvalidMessage,
+    InvalidName,
+    InvalidOption,
+    LeaseLost,
+    MessageTooLarge,
+    QueueFull,
+    QueueNotFound,
+    Reject,
+    Unsupported,
+)
+from .message import Outgoing, Received
+from .queue import Queue, QueueConfig, QueueStats
+from .sync import connect_sync
+from .worker import Backoff, Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendError",
+    "Backoff",
+    "Broker",
+    "Clock",
+    "ConfigConflict",
+    "ConnectionError",
+    "FairqError",
+    "InvalidMessage",
+    "InvalidName",
+    "InvalidOption",
+    "LeaseLost",
+    "ManualClock",
+    "MessageTooLarge",
+    "Outgoing",
+    "Queue",
+    "QueueConfig",
+    "QueueFull",
+    "QueueNotFound",
+    "QueueStats",
+    "Received",
+    "Reject",
+    "SystemClock",
+    "Unsupported",
+    "Worker",
+    "__version__",
+    "connect",
+    "connect_sync",
+]

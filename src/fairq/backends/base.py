@@ -1,0 +1,259 @@
+"""THE backend seam: what a storage engine must do for fairq, in domain terms.
+
+Every method is one atomic step at the engine — one SQL transaction, one Lua script —
+so no invariant ever depends on luck between two calls. Handles (``fairq.queue`` ...)
+validate and encode; a backend stores, leases and moves messages and keeps the counters.
+
+A backend also owns :class:`Wakeups`: long polls and blocked sends wait on a per-queue
+wake-up token that the backend fires when something may have changed — a send or ack in
+this process, a commit by another process, or a delayed message or lease coming due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Mapping
+
+from ..clock import Clock, ManualClock
+from ..message import Received
+from ..queue import Envelope, QueueConfig, QueueStats
+
+__all__ = ["DEAD_LETTER_REASONS", "Backend", "Wakeups", "dead_letter_attributes"]
+
+log = logging.getLogger("fairq.backends")
+
+#: the reasons a message can be dead-lettered for (attribute ``fairq.reason``)
+DEAD_LETTER_REASONS = ("max_attempts", "expired", "rejected", "overflow")
+
+
+def dead_letter_attributes(
+    attributes: Mapping[str, str], reason: str, source: str, message_id: str, attempts: int,
+    detail: str | None = None,
+) -> dict[str, str]:
+    """The attributes a message carries into its dead-letter queue.
+
+    ``fairq.original_id`` names the first id the message ever had, so a message that is
+    redriven and dead-lettered again still points at its origin.
+    """
+    attrs = dict(attributes)
+    attrs["fairq.reason"] = reason
+    attrs["fairq.source"] = source
+    attrs.setdefault("fairq.original_id", message_id)
+    attrs["fairq.attempts"] = str(attempts)
+    if detail and detail != reason:
+        attrs["fairq.detail"] = detail[:1000]
+    else:
+        attrs.pop("fairq.detail", None)
+    return attrs
+
+
+def redrive_attributes(attributes: Mapping[str, str]) -> dict[str, str]:
+    """The attributes of a message leaving a dead-letter queue (its origin is kept)."""
+    return {
+        k: v
+        for k, v in attributes.items()
+        if k not in ("fairq.reason", "fairq.source", "fairq.attempts", "fairq.detail")
+    }
+
+
+class Wakeups:
+    """Per-queue wake-up tokens for long polls and blocked sends.
+
+    A waiter takes ``token(queue)`` *before* it tries, then ``await wait(token, timeout)``
+    if the try came back empty: a change between the try and the wait has already set
+    the token, so no wake-up is ever missed. A background pulse, running only while
+    someone waits, fires tokens for changes the process cannot see directly (another
+    process's commit, a delay or lease coming due).
+    """
+
+    def __init__(self, backend: Backend, clock: Clock) -> None:
+        self._backend = backend
+        self._events: dict[str, asyncio.Event] = {}
+        self._waiters = 0
+        self._pulse: asyncio.Task[None] | None = None
+        self._kick: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        if isinstance(clock, ManualClock):
+            clock.on_advance(self._on_clock_advance)
+
+    def token(self, queue: str) -> asyncio.Event:
+        event = self._events.get(queue)
+        if event is None:
+            event = self._events[queue] = asyncio.Event()
+        return event
+
+    def notify(self, queues: Iterable[str]) -> None:
+        """Wake whoever waits on these queues."""
+        events = self._events
+        for q in queues:
+            event = events.pop(q, None)
+            if event is not None:
+                event.set()
+
+    def notify_all(self) -> None:
+        events = self._events
+        self._events = {}
+        for event in events.values():
+            event.set()
+
+    def _on_clock_advance(self) -> None:
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self.notify_all)
+
+    async def wait(self, token: asyncio.Event, timeout: float | None) -> None:
+        """Wait until ``token`` fires or ``timeout`` seconds pass (None: no limit)."""
+        if token.is_set():
+            return
+        self._loop = asyncio.get_running_loop()
+        self._waiters += 1
+        try:
+            if self._pulse is None or self._pulse.done():
+                self._pulse = asyncio.create_task(self._run_pulse(), name="fairq-wakeups")
+            elif self._kick is not None:
+                self._kick.set()  # a new waiter may need an earlier due time
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await token.wait()
+        finally:
+            self._waiters -= 1
+
+    async def _run_pulse(self) -> None:
+        backend = self._backend
+        clock = backend.clock
+        interval = backend.poll_interval
+        self._kick = asyncio.Event()
+        try:
+            while self._waiters > 0:
+                try:
+                    due = await backend.next_due()
+                except Exception:  # the pulse must survive a transient backend error
+                    log.warning("wake-up pulse could not read the next due time", exc_info=True)
+                    due = None
+                sleep = interval
+                if due is not None:
+                    sleep = min(sleep, max(0.0, due - clock.now()))
+                self._kick.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(sleep):
+                        await self._kick.wait()
+                if due is not None and clock.now() >= due:
+                    self.notify_all()
+                elif await backend.changed_elsewhere():
+                    self.notify_all()
+        finally:
+            self._kick = None
+
+    def close(self) -> None:
+        if self._pulse is not None:
+            self._pulse.cancel()
+        self.notify_all()
+
+
+class Backend(ABC):
+    """A storage engine for fairq. One instance per connected broker.
+
+    Conventions every method keeps:
+
+    * one atomic step at the engine; on error nothing is changed;
+    * queue names are already validated; a missing queue raises ``QueueNotFound``;
+    * ``now`` comes from ``self.clock``; messages become visible exactly when the clock
+      passes their availability time, whether or not anyone polls.
+    """
+
+    #: seconds between checks for changes made by other processes while someone waits
+    poll_interval: float = 0.5
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.wakeups = Wakeups(self, clock)
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def open(self) -> None:
+        """Connect and prepare the schema; raise ``fairq.ConnectionError`` if impossible."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections and background work."""
+
+    # -- queues ----------------------------------------------------------------------------
+    @abstractmethod
+    async def declare_queue(self, name: str, config: QueueConfig) -> None:
+        """Create the queue or update its options (``ConfigConflict`` for fifo/max_priority
+        changes); also create its dead-letter queue if it does not exist yet."""
+
+    @abstractmethod
+    async def queue_config(self, name: str) -> QueueConfig:
+        """The options of an existing queue."""
+
+    @abstractmethod
+    async def delete_queue(self, name: str) -> bool:
+        """Delete the queue and its messages; False if it did not exist."""
+
+    @abstractmethod
+    async def list_queues(self, prefix: str = "") -> list[str]:
+        """Names of the queues starting with ``prefix``, sorted."""
+
+    # -- messages --------------------------------------------------------------------------
+    @abstractmethod
+    async def send(self, queue: str, envelopes: list[Envelope]) -> list[str]:
+        """Store all envelopes or none; return their ids (the first id for a deduplicated
+        one). A full bounded queue raises ``QueueFull`` carrying the overflow mode."""
+
+    @abstractmethod
+    async def receive(
+        self, queue: str, max_messages: int, visibility_timeout: float | None
+    ) -> list[Received]:
+        """Lease up to ``max_messages`` visible messages in delivery order."""
+
+    @abstractmethod
+    async def ack(self, queue: str, receipts: list[str]) -> list[str]:
+        """Delete the messages of current leases; return the receipts that were not current."""
+
+    @abstractmethod
+    async def nack(self, queue: str, receipt: str, delay: float) -> None:
+        """End a lease without success: visible after ``delay``, or dead-lettered if it was
+        the last allowed attempt. Raises ``LeaseLost``."""
+
+    @abstractmethod
+    async def extend(self, queue: str, receipts: list[str], seconds: float) -> list[str]:
+        """Make current leases end ``seconds`` from now; return the receipts not current."""
+
+    @abstractmethod
+    async def release(self, queue: str, receipts: list[str]) -> list[str]:
+        """End current leases at once without counting the delivery as an attempt."""
+
+    @abstractmethod
+    async def dead_letter(self, queue: str, receipt: str, reason: str) -> None:
+        """Move the message of a current lease to the dead-letter queue (``rejected``)."""
+
+    @abstractmethod
+    async def stats(self, queue: str) -> QueueStats:
+        """Counts, oldest age, counters."""
+
+    @abstractmethod
+    async def purge(self, queue: str) -> int:
+        """Delete every message; return how many."""
+
+    @abstractmethod
+    async def peek(self, queue: str, limit: int) -> list[Received]:
+        """Messages in delivery order without leasing them."""
+
+    @abstractmethod
+    async def redrive(self, queue: str, to: str | None, limit: int | None) -> int:
+        """Move up to ``limit`` messages (oldest first) out of a dead-letter queue, to
+        ``to`` or back to each one's source queue; return how many moved."""
+
+    # -- wake-ups --------------------------------------------------------------------------
+    async def next_due(self) -> float | None:
+        """When the next delayed message or lease comes due (None: nothing scheduled)."""
+        return None
+
+    async def changed_elsewhere(self) -> bool:
+        """True if another process may have changed something since the last call."""
+        return False

@@ -1,0 +1,812 @@
+"""The SQLite backend's operations, each run inside one write transaction.
+
+Everything here is synchronous and runs on the backend's writer thread (see
+``__init__.py``), which groups the operations that arrive together into one
+transaction, each under its own savepoint: an operation that fails leaves the others
+and the database as they were. The schema and the meaning of the message states are
+in ``schema.sql``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import orjson
+
+from ...errors import FairqError, InvalidOption, LeaseLost, QueueFull, QueueNotFound
+from ...message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
+from ...queue import Envelope, QueueConfig, QueueStats
+from ..base import dead_letter_attributes, redrive_attributes
+
+SCHEMA_VERSION = 1
+
+READY, WAITING, BLOCKED = 0, 1, 2
+COLS = "id, queue_id, state, priority, avail_at, attempt, lease, grp, body, attrs"
+ID, QID, STATE, PRIO, AVAIL, ATTEMPT, LEASE, GRP, BODY, ATTRS = range(10)
+Row = tuple[Any, ...]
+
+_INSERT = "INSERT INTO fairq_messages (" + COLS + ") VALUES (?,?,?,?,?,?,?,?,?,?)"
+_SELECT_READY = (
+    "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state = 0 "
+    "ORDER BY priority DESC, avail_at, id LIMIT ?"
+)
+_COUNTERS = ("sent", "acked", "nacked", "redelivered", "dead_lettered", "expired", "discarded")
+_CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
+_SWEEP_BATCH = 1000
+
+
+def _marks(n: int, _cache: dict[int, str] = {}) -> str:  # noqa: B006 - deliberate memo
+    s = _cache.get(n)
+    if s is None:
+        s = _cache[n] = ",".join("?" * n)
+    return s
+
+
+def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def _category(state: int, lease: int | None) -> str:
+    if state == WAITING:
+        return "delayed" if lease is None else "in_flight"
+    return "visible"
+
+
+def _attrs(blob: bytes | None) -> dict[str, str]:
+    return orjson.loads(blob) if blob else {}
+
+
+def _blob(attrs: dict[str, str]) -> bytes | None:
+    return orjson.dumps(attrs) if attrs else None
+
+
+def apply_schema(conn: sqlite3.Connection) -> None:
+    """Create the tables on a new file; refuse a file written by a newer fairq."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        has_meta = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fairq_meta'"
+        ).fetchone()
+        version = 0
+        if has_meta:
+            row = conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone()
+            version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise FairqError(
+                f"this database was written by a newer fairq (schema {version}, this fairq "
+                f"knows {SCHEMA_VERSION}); upgrade fairq"
+            )
+        if version < SCHEMA_VERSION:
+            # version 0 -> 1 is the whole schema; later versions add steps here
+            script = resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
+            script = "\n".join(line.split("--", 1)[0] for line in script.splitlines())
+            for statement in script.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.executemany(
+                "INSERT OR IGNORE INTO fairq_meta (key, value) VALUES (?, ?)",
+                [("last_id", 0), ("config_version", 0)],
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO fairq_meta (key, value) VALUES ('schema_version', ?)",
+                (SCHEMA_VERSION,),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+@dataclass(slots=True)
+class QueueRow:
+    id: int
+    name: str
+    config: QueueConfig
+
+
+class Store:
+    """What one connection knows between its transactions.
+
+    While no other connection commits (``PRAGMA data_version`` unchanged), the queue
+    cache, the last message id and the earliest due time stay true, which saves a few
+    statements per transaction; any commit elsewhere makes the next transaction re-read.
+    """
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, QueueRow] = {}
+        self.by_id: dict[int, QueueRow] = {}
+        self.config_version = -1
+        self.last_id: int | None = None
+        self.due = -math.inf  # earliest avail_at of a waiting row, -inf: unknown
+        self.data_version: int | None = None
+        self.rng = random.Random()
+
+    def forget_queues(self) -> None:
+        self.by_name.clear()
+        self.by_id.clear()
+        self.config_version = -1
+
+    def forget(self) -> None:
+        """Trust nothing cached (after a rolled-back transaction)."""
+        self.forget_queues()
+        self.last_id = None
+        self.due = -math.inf
+        self.data_version = None
+
+
+class Txn:
+    """One write transaction: its clock reading, id allocator and per-operation bookkeeping
+    (counter deltas, queues to wake) that a failed operation throws away."""
+
+    __slots__ = ("_deltas", "_last_id_dirty", "conn", "notify", "now", "op_notify", "store")
+
+    def __init__(self, store: Store, conn: sqlite3.Connection, now: float) -> None:
+        self.store = store
+        self.conn = conn
+        self.now = now
+        self.notify: set[str] = set()
+        self.op_notify: set[str] = set()
+        self._deltas: dict[int, dict[str, int]] = {}
+        self._last_id_dirty = False
+        (data_version,) = conn.execute("PRAGMA data_version").fetchone()
+        if data_version != store.data_version:
+            # another connection committed: its ids, delays and leases are unknown here
+            store.data_version = data_version
+            store.last_id = None
+            store.due = -math.inf
+            (version,) = conn.execute(
+                "SELECT value FROM fairq_meta WHERE key = 'config_version'"
+            ).fetchone()
+            if version != store.config_version:
+                store.forget_queues()
+                store.config_version = version
+
+    # -- ids ---------------------------------------------------------------------------
+    def allocate(self, n: int) -> range:
+        store = self.store
+        last = store.last_id
+        if last is None:
+            (last,) = self.conn.execute("SELECT value FROM fairq_meta WHERE key = 'last_id'").fetchone()
+        base = next_id_base(int(last), self.now)
+        store.last_id = base + n - 1
+        self._last_id_dirty = True
+        return range(base, base + n)
+
+    def waiting_until(self, avail_at: float) -> None:
+        """A row became waiting until ``avail_at``: the sweep must look again by then."""
+        if avail_at < self.store.due:
+            self.store.due = avail_at
+
+    # -- counters ----------------------------------------------------------------------
+    def add(self, queue_id: int, column: str, n: int) -> None:
+        if n:
+            d = self._deltas.get(queue_id)
+            if d is None:
+                d = self._deltas[queue_id] = {}
+            d[column] = d.get(column, 0) + n
+
+    def flush(self) -> None:
+        """Write this operation's counter deltas (inside its savepoint)."""
+        for qid, d in self._deltas.items():
+            cols = list(d)
+            sets = ", ".join(f"{c} = {c} + ?" for c in cols)
+            self.conn.execute(f"UPDATE fairq_queues SET {sets} WHERE id = ?", [*d.values(), qid])
+        self._deltas.clear()
+
+    def op_done(self) -> None:
+        self.flush()
+        self.notify |= self.op_notify
+        self.op_notify.clear()
+
+    def op_failed(self) -> None:
+        self._deltas.clear()
+        self.op_notify.clear()
+        self.store.forget_queues()  # the failed operation may have cached what it undid
+
+    def finish(self) -> None:
+        """Last writes before COMMIT."""
+        if self._last_id_dirty:
+            self.conn.execute(
+                "UPDATE fairq_meta SET value = ? WHERE key = 'last_id'", (self.store.last_id,)
+            )
+
+    # -- queues ------------------------------------------------------------------------
+    def _load(self, row: Row | None) -> QueueRow | None:
+        if row is None:
+            return None
+        q = QueueRow(row[0], row[1], QueueConfig.from_dict(orjson.loads(row[2])))
+        self.store.by_name[q.name] = q
+        self.store.by_id[q.id] = q
+        return q
+
+    def find(self, name: str) -> QueueRow | None:
+        q = self.store.by_name.get(name)
+        if q is None:
+            q = self._load(
+                self.conn.execute(
+                    "SELECT id, name, config FROM fairq_queues WHERE name = ?", (name,)
+                ).fetchone()
+            )
+        return q
+
+    def queue(self, name: str) -> QueueRow:
+        q = self.find(name)
+        if q is None:
+            raise QueueNotFound(name)
+        return q
+
+    def queue_by_id(self, queue_id: int) -> QueueRow | None:
+        q = self.store.by_id.get(queue_id)
+        if q is None:
+            q = self._load(
+                self.conn.execute(
+                    "SELECT id, name, config FROM fairq_queues WHERE id = ?", (queue_id,)
+                ).fetchone()
+            )
+        return q
+
+    def create(self, name: str, config: QueueConfig) -> QueueRow:
+        cur = self.conn.execute(
+            "INSERT INTO fairq_queues (name, config, created_at) VALUES (?, ?, ?)",
+            (name, orjson.dumps(config.to_dict()).decode(), self.now),
+        )
+        self.configs_changed()
+        q = QueueRow(int(cur.lastrowid or 0), name, config)
+        self.store.by_name[name] = q
+        self.store.by_id[q.id] = q
+        return q
+
+    def configs_changed(self) -> None:
+        self.conn.execute(
+            "UPDATE fairq_meta SET value = value + 1 WHERE key = 'config_version'"
+        )
+        (version,) = self.conn.execute(
+            "SELECT value FROM fairq_meta WHERE key = 'config_version'"
+        ).fetchone()
+        self.store.forget_queues()
+        self.store.config_version = version
+
+
+# -- message moves -------------------------------------------------------------------------
+def _insert(
+    t: Txn, q: QueueRow, items: Sequence[tuple[bytes, bytes | None, float, int, str | None]]
+) -> list[int]:
+    """Store new messages in ``q``; ``items`` are (body, attrs blob, delay, priority, group)."""
+    now = t.now
+    qid = q.id
+    ids = t.allocate(len(items))
+    rows = []
+    visible = delayed = 0
+    if not q.config.fifo:
+        for mid, (body, attrs, delay, prio, grp) in zip(ids, items, strict=True):
+            if delay > 0:
+                rows.append((mid, qid, WAITING, prio, now + delay, 0, None, grp, body, attrs))
+                delayed += 1
+                t.waiting_until(now + delay)
+            else:
+                rows.append((mid, qid, READY, prio, now, 0, None, grp, body, attrs))
+                visible += 1
+    else:
+        conn = t.conn
+        headed: dict[str, bool] = {}
+        for mid, (body, attrs, delay, prio, grp) in zip(ids, items, strict=True):
+            grp = grp or "default"
+            has_head = headed.get(grp)
+            if has_head is None:
+                has_head = (
+                    conn.execute(
+                        "SELECT 1 FROM fairq_fifo_heads WHERE queue_id = ? AND grp = ?", (qid, grp)
+                    ).fetchone()
+                    is not None
+                )
+            if has_head:
+                rows.append((mid, qid, BLOCKED, prio, now + delay, 0, None, grp, body, attrs))
+                visible += 1
+            else:
+                conn.execute(
+                    "INSERT INTO fairq_fifo_heads (queue_id, grp, msg_id) VALUES (?, ?, ?)",
+                    (qid, grp, mid),
+                )
+                if delay > 0:
+                    rows.append((mid, qid, WAITING, prio, now + delay, 0, None, grp, body, attrs))
+                    delayed += 1
+                    t.waiting_until(now + delay)
+                else:
+                    rows.append((mid, qid, READY, prio, now, 0, None, grp, body, attrs))
+                    visible += 1
+            headed[grp] = True
+    t.conn.executemany(_INSERT, rows)
+    t.add(qid, "visible", visible)
+    t.add(qid, "delayed", delayed)
+    t.add(qid, "sent", len(rows))
+    t.op_notify.add(q.name)
+    return list(ids)
+
+
+def _advance_group(t: Txn, q: QueueRow, grp: str) -> None:
+    """The head of FIFO group ``grp`` is gone: the next blocked message becomes the head."""
+    conn = t.conn
+    nxt = conn.execute(
+        "SELECT id, avail_at FROM fairq_messages WHERE queue_id = ? AND grp = ? AND state = 2 "
+        "ORDER BY id LIMIT 1",
+        (q.id, grp),
+    ).fetchone()
+    if nxt is None:
+        conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ? AND grp = ?", (q.id, grp))
+        return
+    conn.execute(
+        "UPDATE fairq_fifo_heads SET msg_id = ? WHERE queue_id = ? AND grp = ?", (nxt[0], q.id, grp)
+    )
+    if nxt[1] > t.now:
+        conn.execute("UPDATE fairq_messages SET state = 1 WHERE id = ?", (nxt[0],))
+        t.waiting_until(nxt[1])
+        t.add(q.id, "visible", -1)
+        t.add(q.id, "delayed", 1)
+    else:
+        conn.execute("UPDATE fairq_messages SET state = 0 WHERE id = ?", (nxt[0],))
+
+
+def _delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
+    """Delete messages of ``q`` (any state), keeping counts and FIFO heads right."""
+    for chunk in _chunks([r[ID] for r in rows]):
+        t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({_marks(len(chunk))})", chunk)
+    counts = {"visible": 0, "delayed": 0, "in_flight": 0}
+    for r in rows:
+        counts[_category(r[STATE], r[LEASE])] -= 1
+    for column, n in counts.items():
+        t.add(q.id, column, n)
+    if q.config.fifo:
+        for r in rows:
+            if r[STATE] != BLOCKED and r[GRP] is not None:
+                _advance_group(t, q, r[GRP])
+    t.op_notify.add(q.name)
+
+
+def _dead_letter(t: Txn, q: QueueRow, rows: Sequence[Row], reason: str, detail: str | None = None) -> None:
+    """Move messages to ``q``'s dead-letter queue (or discard them), with their reason."""
+    if not rows:
+        return
+    _delete(t, q, rows)
+    n = len(rows)
+    if reason == "expired":
+        t.add(q.id, "expired", n)
+    target = q.config.dead_letter
+    if target is None:
+        t.add(q.id, "discarded", n)
+        return
+    t.add(q.id, "dead_lettered", n)
+    dlq = t.find(target) or t.create(target, QueueConfig.for_dead_letters())
+    top = dlq.config.max_priority
+    items = []
+    for r in rows:
+        attrs = dead_letter_attributes(
+            _attrs(r[ATTRS]), reason, q.name, format_id(r[ID]), r[ATTEMPT], detail
+        )
+        items.append((r[BODY], _blob(attrs), 0.0, min(r[PRIO], top), r[GRP]))
+    _insert(t, dlq, items)
+
+
+def _expire_old(t: Txn, q: QueueRow) -> None:
+    """Dead-letter (reason ``expired``) messages of ``q`` older than its retention that are
+    not in flight; in-flight ones are checked when their lease ends."""
+    cutoff = int((t.now - q.config.retention) * 1000) << 16
+    while True:
+        rows = t.conn.execute(
+            "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND id < ? "
+            "AND NOT (state = 1 AND lease IS NOT NULL) LIMIT ?",
+            (q.id, cutoff, _SWEEP_BATCH),
+        ).fetchall()
+        if not rows:
+            return
+        _dead_letter(t, q, rows, "expired")
+
+
+def sweep(t: Txn) -> None:
+    """Bring due delays and ended leases to their next state: visible again, or
+    dead-lettered after the last attempt or past retention. Runs at the start of every
+    transaction, so it costs one index probe when nothing is due."""
+    conn = t.conn
+    now = t.now
+    if now < t.store.due:
+        return
+    while True:
+        rows = conn.execute(
+            "SELECT " + COLS + " FROM fairq_messages WHERE state = 1 AND avail_at <= ? "
+            "ORDER BY avail_at LIMIT ?",
+            (now, _SWEEP_BATCH),
+        ).fetchall()
+        if not rows:
+            break
+        back: list[int] = []
+        for r in rows:
+            q = t.queue_by_id(r[QID])
+            if q is None:  # queue deleted by an older fairq without its messages
+                conn.execute("DELETE FROM fairq_messages WHERE id = ?", (r[ID],))
+                continue
+            cfg = q.config
+            leased = r[LEASE] is not None
+            if leased and cfg.max_attempts is not None and r[ATTEMPT] >= cfg.max_attempts:
+                _dead_letter(t, q, [r], "max_attempts")
+            elif id_time(r[ID]) < now - cfg.retention:
+                _dead_letter(t, q, [r], "expired")
+            else:
+                back.append(r[ID])
+                t.add(q.id, "in_flight" if leased else "delayed", -1)
+                t.add(q.id, "visible", 1)
+                t.op_notify.add(q.name)
+        for chunk in _chunks(back):
+            conn.execute(
+                f"UPDATE fairq_messages SET state = 0, lease = NULL WHERE id IN ({_marks(len(chunk))})",
+                chunk,
+            )
+        if len(rows) < _SWEEP_BATCH:
+            break
+    due = next_due(conn)
+    t.store.due = math.inf if due is None else due
+
+
+_LEASE_COLS = "id, queue_id, state, priority, avail_at, attempt, lease, grp"
+
+
+def _current_leases(
+    t: Txn, q: QueueRow, receipts: Sequence[str], full: bool = False
+) -> tuple[list[Row], list[str]]:
+    """The rows whose current lease is named by ``receipts``, and the receipts that are not.
+    Rows carry body and attributes only when ``full`` is asked for."""
+    parsed = [parse_receipt(r) for r in receipts]
+    cols = COLS if full else _LEASE_COLS
+    found: dict[int, Row] = {}
+    for chunk in _chunks([p[0] for p in parsed]):
+        for row in t.conn.execute(
+            f"SELECT {cols} FROM fairq_messages WHERE id IN ({_marks(len(chunk))})", chunk
+        ):
+            found[row[ID]] = row
+    now = t.now
+    qid = q.id
+    rows: list[Row] = []
+    lost: list[str] = []
+    taken: set[int] = set()
+    for receipt, (mid, lease) in zip(receipts, parsed, strict=True):
+        row = found.get(mid)
+        if row is None or row[LEASE] != lease or row[QID] != qid or row[AVAIL] <= now:
+            lost.append(receipt)
+        elif mid not in taken:
+            taken.add(mid)
+            rows.append(row)
+    return rows, lost
+
+
+def _received(r: Row, queue: str, receipt: str, attempt: int) -> Received:
+    return Received(
+        format_id(r[ID]), r[BODY], _attrs(r[ATTRS]), attempt, id_time(r[ID]), r[PRIO], r[GRP],
+        receipt, queue,
+    )
+
+
+# -- operations ----------------------------------------------------------------------------
+def declare_queue(t: Txn, name: str, config: QueueConfig) -> None:
+    q = t.find(name)
+    if q is None:
+        t.create(name, config)
+    else:
+        q.config.check_change(name, config)
+        if q.config != config:
+            t.conn.execute(
+                "UPDATE fairq_queues SET config = ? WHERE id = ?",
+                (orjson.dumps(config.to_dict()).decode(), q.id),
+            )
+            t.configs_changed()
+    if config.dead_letter is not None and t.find(config.dead_letter) is None:
+        t.create(config.dead_letter, QueueConfig.for_dead_letters())
+    t.op_notify.add(name)
+
+
+def queue_config(t: Txn, name: str) -> QueueConfig:
+    return t.queue(name).config
+
+
+def delete_queue(t: Txn, name: str) -> bool:
+    q = t.find(name)
+    if q is None:
+        return False
+    conn = t.conn
+    conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,))
+    conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ?", (q.id,))
+    conn.execute("DELETE FROM fairq_dedup WHERE queue_id = ?", (q.id,))
+    conn.execute("DELETE FROM fairq_queues WHERE id = ?", (q.id,))
+    t.configs_changed()
+    t.op_notify.add(name)
+    return True
+
+
+def list_queues(t: Txn, prefix: str) -> list[str]:
+    return [
+        r[0]
+        for r in t.conn.execute(
+            "SELECT name FROM fairq_queues WHERE substr(name, 1, ?) = ? ORDER BY name",
+            (len(prefix), prefix),
+        )
+    ]
+
+
+def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
+    q = t.queue(name)
+    cfg = q.config
+    now = t.now
+    conn = t.conn
+    for env in envs:
+        if env.priority > cfg.max_priority:
+            raise InvalidOption(
+                f"priority {env.priority} is above queue {name!r}'s max_priority {cfg.max_priority}"
+            )
+    # deduplication first: duplicates take no room and store nothing
+    slots: list[int | None] = []
+    fresh: list[Envelope] = []
+    in_batch: dict[str, int] = {}
+    for env in envs:
+        if env.dedup_id is not None:
+            if env.dedup_id in in_batch:
+                slots.append(-in_batch[env.dedup_id] - 1)
+                continue
+            hit = conn.execute(
+                "SELECT msg_id FROM fairq_dedup WHERE queue_id = ? AND dedup_id = ? AND expires_at > ?",
+                (q.id, env.dedup_id, now),
+            ).fetchone()
+            if hit is not None:
+                slots.append(hit[0])
+                continue
+            in_batch[env.dedup_id] = len(fresh)
+        slots.append(None)
+        fresh.append(env)
+    if fresh and cfg.max_length is not None:
+        if len(fresh) > cfg.max_length:
+            raise QueueFull(name, cfg.max_length, "the batch is larger than max_length")
+        t.flush()
+        (depth,) = conn.execute(
+            "SELECT visible + delayed + in_flight FROM fairq_queues WHERE id = ?", (q.id,)
+        ).fetchone()
+        need = depth + len(fresh) - cfg.max_length
+        if need > 0:
+            if cfg.overflow != "drop_oldest":
+                raise QueueFull(name, cfg.max_length, "", cfg.overflow)
+            victims = conn.execute(
+                "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state != 1 "
+                "ORDER BY id LIMIT ?",
+                (q.id, need),
+            ).fetchall()
+            if len(victims) < need:
+                raise QueueFull(name, cfg.max_length, "no visible message can be dropped", "drop_oldest")
+            _dead_letter(t, q, victims, "overflow")
+    made = _insert(
+        t, q, [(e.body, _blob(e.attributes), e.delay, e.priority, e.group) for e in fresh]
+    )
+    if in_batch and cfg.dedup_window > 0:
+        expires = now + cfg.dedup_window
+        conn.executemany(
+            "INSERT OR REPLACE INTO fairq_dedup (queue_id, dedup_id, msg_id, expires_at) "
+            "VALUES (?, ?, ?, ?)",
+            [(q.id, d, made[i], expires) for d, i in in_batch.items()],
+        )
+    out: list[str] = []
+    k = 0
+    for slot in slots:
+        if slot is None:
+            out.append(format_id(made[k]))
+            k += 1
+        elif slot < 0:
+            out.append(format_id(made[-slot - 1]))
+        else:
+            out.append(format_id(slot))
+    return out
+
+
+def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list[Received]:
+    q = t.queue(name)
+    cfg = q.config
+    conn = t.conn
+    now = t.now
+    cutoff = int((now - cfg.retention) * 1000) << 16
+    out: list[Received] = []
+    while len(out) < n:
+        rows = conn.execute(_SELECT_READY, (q.id, n - len(out))).fetchall()
+        if not rows:
+            break
+        stale = [r for r in rows if r[ID] < cutoff]
+        if stale:  # past retention: never delivered
+            _dead_letter(t, q, stale, "expired")
+            rows = [r for r in rows if r[ID] >= cutoff]
+        if not rows:
+            continue
+        until = now + (cfg.visibility_timeout if visibility_timeout is None else visibility_timeout)
+        lease = t.store.rng.getrandbits(62) | 1
+        ids = [r[ID] for r in rows]
+        conn.execute(
+            "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "
+            f"WHERE id IN ({_marks(len(ids))})",
+            (until, lease, *ids),
+        )
+        t.waiting_until(until)
+        k = len(rows)
+        t.add(q.id, "visible", -k)
+        t.add(q.id, "in_flight", k)
+        redelivered = 0
+        tail = f".{lease:x}"
+        for r in rows:
+            mid = r[0]
+            attempt = r[5] + 1
+            if attempt > 1:
+                redelivered += 1
+            hid = f"{mid:016x}"
+            attrs = r[9]
+            out.append(
+                Received(
+                    hid, r[8], orjson.loads(attrs) if attrs else {}, attempt,
+                    (mid >> 16) / 1000.0, r[3], r[7], hid + tail, name,
+                )
+            )
+        t.add(q.id, "redelivered", redelivered)
+    return out
+
+
+def ack(t: Txn, name: str, receipts: list[str]) -> list[str]:
+    q = t.queue(name)
+    rows, lost = _current_leases(t, q, receipts)
+    if rows:
+        _delete(t, q, rows)
+        t.add(q.id, "acked", len(rows))
+    return lost
+
+
+def nack(t: Txn, name: str, receipt: str, delay: float) -> None:
+    q = t.queue(name)
+    rows, lost = _current_leases(t, q, [receipt], full=True)
+    if lost:
+        raise LeaseLost(lost)
+    (r,) = rows
+    t.add(q.id, "nacked", 1)
+    cfg = q.config
+    if cfg.max_attempts is not None and r[ATTEMPT] >= cfg.max_attempts:
+        _dead_letter(t, q, rows, "max_attempts")
+        return
+    t.add(q.id, "in_flight", -1)
+    if delay > 0:
+        t.conn.execute(
+            "UPDATE fairq_messages SET avail_at = ?, lease = NULL WHERE id = ?", (t.now + delay, r[ID])
+        )
+        t.waiting_until(t.now + delay)
+        t.add(q.id, "delayed", 1)
+    else:
+        t.conn.execute(
+            "UPDATE fairq_messages SET state = 0, avail_at = ?, lease = NULL WHERE id = ?",
+            (t.now, r[ID]),
+        )
+        t.add(q.id, "visible", 1)
+    t.op_notify.add(name)
+
+
+def extend(t: Txn, name: str, receipts: list[str], seconds: float) -> list[str]:
+    q = t.queue(name)
+    rows, lost = _current_leases(t, q, receipts)
+    until = t.now + seconds
+    for chunk in _chunks([r[ID] for r in rows]):
+        t.conn.execute(
+            f"UPDATE fairq_messages SET avail_at = ? WHERE id IN ({_marks(len(chunk))})",
+            (until, *chunk),
+        )
+    return lost
+
+
+def release(t: Txn, name: str, receipts: list[str]) -> list[str]:
+    q = t.queue(name)
+    rows, lost = _current_leases(t, q, receipts)
+    for chunk in _chunks([r[ID] for r in rows]):
+        t.conn.execute(
+            "UPDATE fairq_messages SET state = 0, avail_at = ?, lease = NULL, attempt = attempt - 1 "
+            f"WHERE id IN ({_marks(len(chunk))})",
+            (t.now, *chunk),
+        )
+    if rows:
+        t.add(q.id, "in_flight", -len(rows))
+        t.add(q.id, "visible", len(rows))
+        t.op_notify.add(name)
+    return lost
+
+
+def dead_letter(t: Txn, name: str, receipt: str, reason: str) -> None:
+    q = t.queue(name)
+    rows, lost = _current_leases(t, q, [receipt], full=True)
+    if lost:
+        raise LeaseLost(lost)
+    _dead_letter(t, q, rows, "rejected", reason)
+
+
+def stats(t: Txn, name: str) -> QueueStats:
+    q = t.queue(name)
+    _expire_old(t, q)
+    t.flush()
+    row = t.conn.execute(
+        "SELECT visible, delayed, in_flight, " + ", ".join(_COUNTERS) + " FROM fairq_queues WHERE id = ?",
+        (q.id,),
+    ).fetchone()
+    (oldest_id,) = t.conn.execute(
+        "SELECT MIN(id) FROM fairq_messages WHERE queue_id = ?", (q.id,)
+    ).fetchone()
+    oldest = 0.0 if oldest_id is None else max(0.0, t.now - id_time(oldest_id))
+    slo = q.config.freshness_slo
+    return QueueStats(
+        *row[:3], oldest, *row[3:], freshness_slo=slo, breaching=slo is not None and oldest > slo
+    )
+
+
+def purge(t: Txn, name: str) -> int:
+    q = t.queue(name)
+    conn = t.conn
+    n = conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,)).rowcount
+    conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ?", (q.id,))
+    t.flush()
+    conn.execute(
+        "UPDATE fairq_queues SET visible = 0, delayed = 0, in_flight = 0 WHERE id = ?", (q.id,)
+    )
+    t.op_notify.add(name)
+    return n
+
+
+def peek(t: Txn, name: str, limit: int) -> list[Received]:
+    q = t.queue(name)
+    rows = t.conn.execute(
+        "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? ORDER BY id LIMIT ?",
+        (q.id, limit),
+    ).fetchall()
+    return [_received(r, name, "", r[ATTEMPT]) for r in rows]
+
+
+def redrive(t: Txn, name: str, to: str | None, limit: int, after: int) -> tuple[int, int | None]:
+    """Move up to ``limit`` messages with ids above ``after``, oldest first; return how many
+    moved and the last id looked at (None when nothing is left to look at)."""
+    q = t.queue(name)
+    target_fixed = t.queue(to) if to is not None else None
+    rows = t.conn.execute(
+        "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND id > ? AND state != 1 "
+        "ORDER BY id LIMIT ?",
+        (q.id, after, limit),
+    ).fetchall()
+    by_target: dict[str, list[Row]] = {}
+    for r in rows:
+        target = target_fixed
+        if target is None:
+            source = _attrs(r[ATTRS]).get("fairq.source")
+            target = t.find(source) if source else None
+        if target is None or target.id == q.id:
+            continue  # its source queue is gone: it stays
+        by_target.setdefault(target.name, []).append(r)
+    moved = 0
+    for target_name, moving in by_target.items():
+        target = t.queue(target_name)
+        _delete(t, q, moving)
+        top = target.config.max_priority
+        _insert(
+            t,
+            target,
+            [
+                (r[BODY], _blob(redrive_attributes(_attrs(r[ATTRS]))), 0.0, min(r[PRIO], top), r[GRP])
+                for r in moving
+            ],
+        )
+        moved += len(moving)
+    return moved, (rows[-1][ID] if len(rows) == limit else None)
+
+
+def next_due(conn: sqlite3.Connection) -> float | None:
+    row = conn.execute("SELECT MIN(avail_at) FROM fairq_messages WHERE state = 1").fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+def drop_expired_dedup(t: Txn) -> None:
+    t.conn.execute("DELETE FROM fairq_dedup WHERE expires_at <= ?", (t.now,))

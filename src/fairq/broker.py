@@ -1,0 +1,195 @@
+"""``fairq.connect()``: parse a URL, open the backend it names, hand out handles.
+
+    broker = await fairq.connect("sqlite:///fairq.db")
+    q = await broker.declare_queue("ticket-pdf")
+
+URL schemes: ``memory://``, ``sqlite:///relative.db`` / ``sqlite:////absolute.db``
+(query options ``synchronous=normal|full``, ``busy_timeout=<seconds>``).
+The distributed backends (``redis://``, ``postgresql://``, ``amqp://``) plug in on the
+same seam in a later release; naming one today raises ``fairq.ConnectionError``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from types import TracebackType
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+from .backends.base import Backend
+from .clock import Clock, SystemClock
+from .errors import ConnectionError, InvalidOption
+from .message import check_name
+from .queue import Overflow, Queue, QueueConfig
+
+__all__ = ["DEFAULT_URL", "Broker", "connect", "mask_url"]
+
+DEFAULT_URL = "sqlite:///fairq.db"
+DEFAULT_MAX_MESSAGE_BYTES = 262_144
+_DEFAULT: Any = object()  # "argument not given", where None means something
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``."""
+    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+
+
+def _open_backend(url: str, clock: Clock) -> Backend:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    options = dict(parse_qsl(parts.query))
+    if scheme == "memory":
+        from .backends.memory import MemoryBackend
+
+        return MemoryBackend(clock)
+    if scheme == "sqlite":
+        from .backends.sqlite import SQLiteBackend
+
+        path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        if parts.netloc:
+            raise ConnectionError(
+                f"cannot open {mask_url(url)!r}: write sqlite:///relative/path.db or "
+                "sqlite:////absolute/path.db"
+            )
+        if not path:
+            raise ConnectionError(f"cannot open {mask_url(url)!r}: the URL names no file")
+        return SQLiteBackend(path, clock, options)
+    if scheme in ("redis", "rediss", "redis+cluster", "postgresql", "postgres", "amqp", "amqps"):
+        raise ConnectionError(
+            f"cannot open {mask_url(url)!r}: the {scheme} backend is not part of this release "
+            "yet (available: memory://, sqlite:///path.db)"
+        )
+    raise ConnectionError(
+        f"cannot open {mask_url(url)!r}: unknown scheme {scheme!r} "
+        "(use memory://, sqlite:///path.db, redis://, postgresql:// or amqp://)"
+    )
+
+
+async def connect(
+    url: str | None = None,
+    *,
+    clock: Clock | None = None,
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+) -> Broker:
+    """Open a broker. ``url=None`` takes ``$FAIRQ_URL``, else ``sqlite:///fairq.db``.
+
+    Raises ``fairq.ConnectionError`` (URL with password masked, the cause chained) when
+    the scheme is unknown or the backend cannot be reached.
+    """
+    if url is None:
+        url = os.environ.get("FAIRQ_URL") or DEFAULT_URL
+    if not isinstance(url, str):
+        raise ConnectionError(f"url must be a string, got {url!r}")
+    if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or (
+        max_message_bytes < 1
+    ):
+        raise InvalidOption(f"max_message_bytes must be a positive integer, got {max_message_bytes!r}")
+    backend = _open_backend(url, clock or SystemClock())
+    await backend.open()
+    return Broker(backend, url, max_message_bytes)
+
+
+class Broker:
+    """A connection to one backend; hands out :class:`~fairq.queue.Queue` handles.
+
+    Use it as ``async with await fairq.connect(url) as broker:`` or call :meth:`close`.
+    """
+
+    def __init__(self, backend: Backend, url: str, max_message_bytes: int) -> None:
+        self.backend = backend
+        self.url = mask_url(url)
+        self.max_message_bytes = max_message_bytes
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"Broker({self.url!r})"
+
+    async def __aenter__(self) -> Broker:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the backend (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            await self.backend.close()
+
+    @property
+    def clock(self) -> Clock:
+        return self.backend.clock
+
+    # -- queues ----------------------------------------------------------------------------
+    async def declare_queue(
+        self,
+        name: str,
+        *,
+        visibility_timeout: float = 30.0,
+        max_attempts: int | None = 5,
+        dead_letter: str | None = _DEFAULT,
+        retention: float = 1_209_600.0,
+        max_length: int | None = None,
+        overflow: Overflow = "reject",
+        fifo: bool = False,
+        max_priority: int = 0,
+        dedup_window: float = 300.0,
+        freshness_slo: float | None = None,
+    ) -> Queue:
+        """Create a queue, or update the options of an existing one; return its handle.
+
+        ``dead_letter`` defaults to ``"<name>.dlq"`` (declared automatically, with no
+        dead-letter queue and no attempt limit of its own); ``None`` discards instead.
+        ``fifo`` and ``max_priority`` cannot change once declared (``ConfigConflict``).
+        """
+        check_name(name)
+        if dead_letter is _DEFAULT:
+            dead_letter = f"{name}.dlq"
+        config = QueueConfig(
+            visibility_timeout=visibility_timeout,
+            max_attempts=max_attempts,
+            dead_letter=dead_letter,
+            retention=retention,
+            max_length=max_length,
+            overflow=overflow,
+            fifo=fifo,
+            max_priority=max_priority,
+            dedup_window=dedup_window,
+            freshness_slo=freshness_slo,
+        ).validated(name)
+        await self.backend.declare_queue(name, config)
+        return self.queue(name)
+
+    def queue(self, name: str) -> Queue:
+        """A handle to an existing queue (``QueueNotFound`` at first use if it is not)."""
+        return Queue(self.backend, name, self.max_message_bytes)
+
+    async def delete_queue(self, name: str) -> bool:
+        """Delete a queue and all its messages; False if there was none."""
+        return await self.backend.delete_queue(check_name(name))
+
+    async def list_queues(self, prefix: str = "") -> list[str]:
+        """Names of the queues that start with ``prefix``, sorted."""
+        if not isinstance(prefix, str):
+            raise InvalidOption(f"prefix must be a string, got {prefix!r}")
+        return await self.backend.list_queues(prefix)
+
+    async def redrive(self, queue: str, to: str | None = None, limit: int | None = None) -> int:
+        """Move messages out of a dead-letter queue, oldest first; return how many moved.
+
+        ``to=None`` sends each back to the queue it came from (attribute ``fairq.source``);
+        messages whose source queue no longer exists stay. Redriven messages start again
+        at attempt 0 and drop the ``fairq.reason``/``source``/``attempts`` attributes.
+        """
+        check_name(queue)
+        if to is not None:
+            check_name(to)
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise InvalidOption(f"limit must be a non-negative integer or None, got {limit!r}")
+        return await self.backend.redrive(queue, to, limit)

@@ -1,0 +1,129 @@
+"""Every error fairq raises, under one root.
+
+    FairqError
+    ├── ConnectionError        unknown scheme, unreachable server, wrong credentials
+    ├── InvalidName            a queue/topic/key name outside the allowed alphabet or length
+    ├── InvalidMessage         a body or attributes fairq cannot store
+    │   └── MessageTooLarge    body over ``max_message_bytes``
+    ├── InvalidOption          a bad option value (negative timeout, unknown overflow mode, ...)
+    │   └── ConfigConflict     an option that cannot change or cannot be combined
+    ├── QueueNotFound          a handle used on a queue that was never declared
+    ├── QueueFull              a bounded queue refused a send
+    ├── LeaseLost              ack/nack/extend/dead_letter with a receipt that is no longer current
+    ├── Unsupported            the backend cannot do this (see the capability table)
+    ├── BackendError           the engine failed (disk full, I/O error, lock timeout...)
+    └── Reject                 raised by a handler: dead-letter the message at once
+
+Errors that are about bad input also subclass :class:`ValueError` (or
+:class:`LookupError` for a missing queue) so generic handlers keep working.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Sequence
+
+__all__ = [
+    "BackendError",
+    "ConfigConflict",
+    "ConnectionError",
+    "FairqError",
+    "InvalidMessage",
+    "InvalidName",
+    "InvalidOption",
+    "LeaseLost",
+    "MessageTooLarge",
+    "QueueFull",
+    "QueueNotFound",
+    "Reject",
+    "Unsupported",
+]
+
+
+class FairqError(Exception):
+    """The root of every error fairq raises."""
+
+
+class ConnectionError(FairqError, builtins.ConnectionError):  # noqa: A001 - public API name
+    """The backend could not be reached or refused the connection.
+
+    The message names the URL with its password masked, and ``__cause__`` holds the
+    driver's error.
+    """
+
+
+class InvalidName(FairqError, ValueError):
+    """A name of a queue, topic, subscription, domain, key or id is not allowed."""
+
+
+class InvalidMessage(FairqError, ValueError):
+    """A body or attributes that fairq cannot store (wrong type, too many attributes...)."""
+
+
+class MessageTooLarge(InvalidMessage):
+    """The body is larger than ``max_message_bytes``; nothing was stored."""
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"message body is {size} bytes, the limit is {limit} bytes")
+        self.size = size
+        self.limit = limit
+
+
+class InvalidOption(FairqError, ValueError):
+    """An option has a value fairq does not accept."""
+
+
+class ConfigConflict(InvalidOption):
+    """Options that cannot be combined, or an option that cannot change on re-declare."""
+
+
+class QueueNotFound(FairqError, LookupError):
+    """The queue was never declared (or was deleted)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"queue {name!r} does not exist; declare it with broker.declare_queue()")
+        self.name = name
+
+
+class QueueFull(FairqError):
+    """A bounded queue (``max_length``) refused a send; nothing was stored."""
+
+    def __init__(
+        self, name: str, max_length: int, detail: str = "", overflow: str = "reject"
+    ) -> None:
+        text = f"queue {name!r} is full (max_length={max_length})"
+        super().__init__(f"{text}: {detail}" if detail else text)
+        self.name = name
+        self.max_length = max_length
+        self.overflow = overflow
+
+
+class LeaseLost(FairqError):
+    """The receipt is no longer the message's current lease; nothing was changed.
+
+    ``lost`` lists the receipts that were refused (for ``ack_batch``, the others were acked).
+    """
+
+    def __init__(self, lost: Sequence[str], detail: str = "") -> None:
+        text = detail or (
+            "the lease of this delivery is no longer current (it expired, or the message "
+            "was acked, nacked or redelivered)"
+        )
+        super().__init__(f"{text}; receipts: {', '.join(lost[:5])}{' ...' if len(lost) > 5 else ''}")
+        self.lost = list(lost)
+
+
+class Unsupported(FairqError):
+    """The backend in use cannot do this; see docs/backends.md for the capability table."""
+
+
+class BackendError(FairqError):
+    """The storage engine failed; ``__cause__`` holds the driver's error."""
+
+
+class Reject(FairqError):
+    """Raise from a handler to dead-letter the message at once (reason ``rejected``)."""
+
+    def __init__(self, reason: str = "rejected") -> None:
+        super().__init__(reason)
+        self.reason = reason

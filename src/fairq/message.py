@@ -1,0 +1,246 @@
+"""Messages: what goes in (:class:`Outgoing`), what comes out (:class:`Received`),
+and the checks and encodings every backend shares.
+
+* Bodies are bytes; ``str`` is stored as UTF-8 and any other value as JSON (with the
+  attribute ``content-type: application/json``).
+* Message ids are 64-bit integers that grow with send time — the milliseconds since
+  the epoch shifted left 16 bits, plus a counter — written as 16 hex digits, so ids
+  sort by send time as strings too, and a message's send time can be read off its id.
+* A receipt names one delivery: the message id and the lease token of that delivery.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from .errors import InvalidMessage, InvalidName, InvalidOption
+
+if TYPE_CHECKING:
+    from .queue import Queue
+
+__all__ = [
+    "JSON_CONTENT_TYPE",
+    "MAX_ATTRIBUTES",
+    "Outgoing",
+    "Received",
+    "check_key",
+    "check_name",
+    "encode_attributes",
+    "encode_body",
+    "format_id",
+    "id_time",
+    "make_receipt",
+    "next_id_base",
+    "parse_id",
+    "parse_receipt",
+]
+
+MAX_ATTRIBUTES = 32
+MAX_ATTRIBUTE_KEY = 128
+JSON_CONTENT_TYPE = "application/json"
+_NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
+_ID_SHIFT = 16
+
+
+def check_name(name: object, what: str = "queue") -> str:
+    """Return ``name`` if it is a valid queue/topic/subscription/domain name, else raise."""
+    if not isinstance(name, str) or _NAME.fullmatch(name) is None:
+        raise InvalidName(
+            f"invalid {what} name {name!r}: use 1-200 characters from A-Z a-z 0-9 . _ : -"
+        )
+    return name
+
+
+def check_key(key: object, what: str = "key") -> str:
+    """Return ``key`` if it is a valid attention key or fan/event id, else raise."""
+    if not isinstance(key, str) or _KEY.fullmatch(key) is None:
+        raise InvalidName(f"invalid {what} {key!r}: use 1-100 characters from A-Z a-z 0-9 _ . : -")
+    return key
+
+
+def encode_body(body: object) -> tuple[bytes, bool]:
+    """Turn a user body into bytes; the flag says it was encoded as JSON."""
+    if isinstance(body, bytes):
+        return body, False
+    if isinstance(body, str):
+        return body.encode("utf-8"), False
+    if isinstance(body, bytearray | memoryview):
+        return bytes(body), False
+    try:
+        return orjson.dumps(body), True
+    except TypeError as exc:
+        raise InvalidMessage(
+            f"cannot send a body of type {type(body).__name__}: use bytes, str or a "
+            f"JSON-serialisable value ({exc})"
+        ) from exc
+
+
+def encode_attributes(attributes: Mapping[str, str] | None, json_body: bool) -> dict[str, str]:
+    """Check user attributes (at most 32, keys 1-128 chars, str values) and add content-type."""
+    if attributes is None:
+        attrs: dict[str, str] = {}
+    elif isinstance(attributes, Mapping):
+        if len(attributes) > MAX_ATTRIBUTES:
+            raise InvalidMessage(
+                f"a message has at most {MAX_ATTRIBUTES} attributes, got {len(attributes)}"
+            )
+        attrs = {}
+        for key, value in attributes.items():
+            if not isinstance(key, str) or not 1 <= len(key) <= MAX_ATTRIBUTE_KEY:
+                raise InvalidMessage(f"attribute keys are strings of 1-128 characters: {key!r}")
+            if not isinstance(value, str):
+                raise InvalidMessage(
+                    f"attribute {key!r} must be a str, got {type(value).__name__}"
+                )
+            attrs[key] = value
+    else:
+        raise InvalidMessage(f"attributes must be a dict of str to str, got {attributes!r}")
+    if json_body and "content-type" not in attrs:
+        if len(attrs) >= MAX_ATTRIBUTES:
+            raise InvalidMessage(
+                f"a JSON body adds the attribute content-type; at most {MAX_ATTRIBUTES - 1} "
+                "user attributes fit beside it"
+            )
+        attrs["content-type"] = JSON_CONTENT_TYPE
+    return attrs
+
+
+def format_id(n: int) -> str:
+    """The public form of a message id: 16 lowercase hex digits."""
+    return f"{n:016x}"
+
+
+def parse_id(message_id: str) -> int:
+    """The integer behind a public message id."""
+    try:
+        return int(message_id, 16)
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage(f"malformed message id {message_id!r}") from exc
+
+
+def next_id_base(last: int, now: float) -> int:
+    """The next free id after ``last`` at time ``now`` (ids never go backwards)."""
+    return max(last + 1, int(now * 1000) << _ID_SHIFT)
+
+
+def id_time(n: int) -> float:
+    """The send time (seconds since the epoch, millisecond precision) encoded in an id."""
+    return (n >> _ID_SHIFT) / 1000.0
+
+
+def make_receipt(n: int, lease: int) -> str:
+    """The receipt of one delivery of message ``n`` under lease token ``lease``."""
+    return f"{n:016x}.{lease:x}"
+
+
+def parse_receipt(receipt: str) -> tuple[int, int]:
+    """``(message id, lease token)`` of a receipt; raise on a malformed one."""
+    try:
+        head, _, tail = receipt.partition(".")
+        return int(head, 16), int(tail, 16)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise InvalidMessage(f"malformed receipt {receipt!r}") from exc
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """One message of a :meth:`Queue.send_batch` call; the fields mirror ``send``'s arguments."""
+
+    body: Any
+    attributes: Mapping[str, str] | None = None
+    delay: float = 0.0
+    priority: int = 0
+    group: str | None = None
+    dedup_id: str | None = None
+
+
+class Received:
+    """A delivered message, leased to this receiver until ``ack``/``nack`` or lease expiry.
+
+    ``attempt`` counts deliveries (the first is 1); ``receipt`` names this delivery and is
+    what ``ack``, ``nack``, ``extend`` and ``dead_letter`` present to the backend.
+    """
+
+    __slots__ = (
+        "_queue",
+        "attempt",
+        "attributes",
+        "body",
+        "enqueued_at",
+        "group",
+        "id",
+        "key",
+        "priority",
+        "queue",
+        "receipt",
+    )
+
+    def __init__(
+        self,
+        id: str,
+        body: bytes,
+        attributes: dict[str, str],
+        attempt: int,
+        enqueued_at: float,
+        priority: int,
+        group: str | None,
+        receipt: str,
+        queue: str,
+        key: str | None = None,
+    ) -> None:
+        self.id = id
+        self.body = body
+        self.attributes = attributes
+        self.attempt = attempt
+        self.enqueued_at = enqueued_at
+        self.priority = priority
+        self.group = group
+        self.receipt = receipt
+        self.queue = queue
+        self.key = key
+        self._queue: Queue | None = None
+
+    def __repr__(self) -> str:
+        return (
+            f"Received(id={self.id!r}, queue={self.queue!r}, attempt={self.attempt}, "
+            f"body={self.body[:40]!r}{'...' if len(self.body) > 40 else ''})"
+        )
+
+    def json(self) -> Any:
+        """Decode the body as JSON."""
+        try:
+            return orjson.loads(self.body)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidMessage(f"message {self.id} has no JSON body: {exc}") from exc
+
+    def text(self) -> str:
+        """Decode the body as UTF-8."""
+        return self.body.decode("utf-8")
+
+    def _handle(self) -> Queue:
+        if self._queue is None:
+            raise InvalidOption("this message is not attached to a queue handle")
+        return self._queue
+
+    async def ack(self) -> None:
+        """Delete the message: it was handled. Raises ``LeaseLost`` if the lease is gone."""
+        await self._handle()._ack_one(self.receipt)
+
+    async def nack(self, delay: float = 0.0) -> None:
+        """Give the message back, visible again after ``delay`` seconds (or dead-lettered
+        if this was delivery number ``max_attempts``)."""
+        await self._handle()._nack(self.receipt, delay)
+
+    async def extend(self, seconds: float) -> None:
+        """Keep the lease: the message stays hidden until ``seconds`` from now."""
+        await self._handle()._extend_one(self.receipt, seconds)
+
+    async def dead_letter(self, reason: str = "rejected") -> None:
+        """Move the message to the dead-letter queue at once."""
+        await self._handle()._dead_letter(self.receipt, reason)

@@ -1,0 +1,375 @@
+"""Queues: the options a queue is declared with, its statistics, and the :class:`Queue`
+handle that validates and encodes what user code asks before the backend sees it.
+
+The handle owns the waiting parts of the API — long polls (``receive(wait=...)``) and
+sends that block on a full queue — as a loop of one atomic backend step, then a wait
+for the backend's wake-up signal, never a fixed sleep.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import ConfigConflict, InvalidMessage, InvalidOption, QueueFull
+from .message import Outgoing, Received, check_name, encode_attributes, encode_body
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+
+__all__ = ["Envelope", "Overflow", "Queue", "QueueConfig", "QueueStats"]
+
+Overflow = Literal["reject", "drop_oldest", "block"]
+_OVERFLOWS = ("reject", "drop_oldest", "block")
+MAX_PRIORITY_LIMIT = 255
+MAX_GROUP = 128
+
+
+def _number(name: str, value: object, *, minimum: float = 0.0, strict: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidOption(f"{name} must be a finite number, got {value!r}")
+    if value < minimum or (strict and value == minimum):
+        raise InvalidOption(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {value!r}")
+    return float(value)
+
+
+def _count(name: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidOption(f"{name} must be an integer, got {value!r}")
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f"between {minimum} and {maximum}" if maximum is not None else f">= {minimum}"
+        raise InvalidOption(f"{name} must be {bound}, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class QueueConfig:
+    """The options of one queue (see ``Broker.declare_queue`` for their meaning)."""
+
+    visibility_timeout: float = 30.0
+    max_attempts: int | None = 5
+    dead_letter: str | None = None
+    retention: float = 1_209_600.0
+    max_length: int | None = None
+    overflow: Overflow = "reject"
+    fifo: bool = False
+    max_priority: int = 0
+    dedup_window: float = 300.0
+    freshness_slo: float | None = None
+
+    def validated(self, name: str) -> QueueConfig:
+        """Check every option; raise ``InvalidOption``/``ConfigConflict`` naming the bad one."""
+        _number("visibility_timeout", self.visibility_timeout, strict=True)
+        if self.max_attempts is not None:
+            _count("max_attempts", self.max_attempts, minimum=1)
+        if self.dead_letter is not None:
+            check_name(self.dead_letter, "dead-letter queue")
+            if self.dead_letter == name:
+                raise ConfigConflict(f"queue {name!r} cannot be its own dead-letter queue")
+        _number("retention", self.retention, strict=True)
+        if self.max_length is not None:
+            _count("max_length", self.max_length, minimum=1)
+        if self.overflow not in _OVERFLOWS:
+            raise InvalidOption(f"overflow must be one of {', '.join(_OVERFLOWS)}, got {self.overflow!r}")
+        if not isinstance(self.fifo, bool):
+            raise InvalidOption(f"fifo must be True or False, got {self.fifo!r}")
+        _count("max_priority", self.max_priority, minimum=0, maximum=MAX_PRIORITY_LIMIT)
+        if self.fifo and self.max_priority > 0:
+            raise ConfigConflict("a fifo queue has no priorities: use max_priority=0 with fifo=True")
+        _number("dedup_window", self.dedup_window)
+        if self.freshness_slo is not None:
+            _number("freshness_slo", self.freshness_slo, strict=True)
+        return replace(
+            self,
+            visibility_timeout=float(self.visibility_timeout),
+            retention=float(self.retention),
+            dedup_window=float(self.dedup_window),
+            freshness_slo=None if self.freshness_slo is None else float(self.freshness_slo),
+        )
+
+    def check_change(self, name: str, new: QueueConfig) -> None:
+        """Raise ``ConfigConflict`` if re-declaring with ``new`` changes what cannot change."""
+        for option in ("fifo", "max_priority"):
+            old_value, new_value = getattr(self, option), getattr(new, option)
+            if old_value != new_value:
+                raise ConfigConflict(
+                    f"queue {name!r} was declared with {option}={old_value!r}; it cannot change "
+                    f"to {new_value!r} (delete the queue and declare it again)"
+                )
+
+    @staticmethod
+    def for_dead_letters() -> QueueConfig:
+        """The options of an automatically declared dead-letter queue."""
+        return QueueConfig(dead_letter=None, max_attempts=None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> QueueConfig:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """A queue's state now and its counters since it was declared.
+
+    ``visible`` counts messages a receiver could take now (in a FIFO queue, also those
+    waiting behind their group's head); ``oldest_age`` is the age in seconds of the oldest
+    message not yet acked (0.0 when empty). ``breaching`` is True when ``freshness_slo``
+    is set and ``oldest_age`` exceeds it.
+    """
+
+    visible: int = 0
+    delayed: int = 0
+    in_flight: int = 0
+    oldest_age: float = 0.0
+    sent: int = 0
+    acked: int = 0
+    nacked: int = 0
+    redelivered: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+    discarded: int = 0
+    freshness_slo: float | None = field(default=None)
+    breaching: bool = field(default=False)
+
+    @property
+    def depth(self) -> int:
+        """Every stored message: visible + delayed + in flight."""
+        return self.visible + self.delayed + self.in_flight
+
+
+@dataclass(slots=True)
+class Envelope:
+    """A message as the backend stores it: encoded body and attributes, checked options."""
+
+    body: bytes
+    attributes: dict[str, str]
+    delay: float = 0.0
+    priority: int = 0
+    group: str | None = None
+    dedup_id: str | None = None
+
+
+def _check_tag(name: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not 1 <= len(value) <= MAX_GROUP:
+        raise InvalidMessage(f"{name} must be a string of 1-{MAX_GROUP} characters, got {value!r}")
+    return value
+
+
+def make_envelope(
+    body: object,
+    attributes: Mapping[str, str] | None,
+    delay: float,
+    priority: int,
+    group: str | None,
+    dedup_id: str | None,
+    max_bytes: int,
+) -> Envelope:
+    """Encode and check one message; raise before anything is stored."""
+    data, is_json = encode_body(body)
+    if len(data) > max_bytes:
+        from .errors import MessageTooLarge
+
+        raise MessageTooLarge(len(data), max_bytes)
+    attrs = encode_attributes(attributes, is_json)
+    if delay:
+        delay = _number("delay", delay)
+    if priority:
+        _count("priority", priority, minimum=0, maximum=MAX_PRIORITY_LIMIT)
+    return Envelope(
+        data, attrs, delay, priority, _check_tag("group", group), _check_tag("dedup_id", dedup_id)
+    )
+
+
+class Queue:
+    """A handle to one queue. Cheap to create; ``broker.queue(name)`` makes one.
+
+    Using a handle to a queue that does not exist raises ``fairq.QueueNotFound``.
+    """
+
+    __slots__ = ("_backend", "_max_bytes", "name")
+
+    def __init__(self, backend: Backend, name: str, max_message_bytes: int) -> None:
+        self.name = check_name(name)
+        self._backend = backend
+        self._max_bytes = max_message_bytes
+
+    def __repr__(self) -> str:
+        return f"Queue({self.name!r})"
+
+    # -- sending ---------------------------------------------------------------------------
+    async def send(
+        self,
+        body: object,
+        attributes: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        group: str | None = None,
+        dedup_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Store one message and return its id.
+
+        ``delay`` hides it for that many seconds; ``priority`` (0..``max_priority``) puts
+        it ahead of lower ones; ``group`` orders it within its FIFO group; a repeated
+        ``dedup_id`` within the queue's ``dedup_window`` stores nothing and returns the
+        first message's id. On a full queue with ``overflow="block"``, waits up to
+        ``timeout`` seconds (None: as long as it takes) for room.
+        """
+        env = make_envelope(body, attributes, delay, priority, group, dedup_id, self._max_bytes)
+        ids = await self._send([env], timeout)
+        return ids[0]
+
+    async def send_batch(
+        self, messages: Iterable[Outgoing], timeout: float | None = None
+    ) -> list[str]:
+        """Store all messages or none (one atomic step); return their ids in order."""
+        envs = []
+        for m in messages:
+            if not isinstance(m, Outgoing):
+                raise InvalidMessage(f"send_batch takes fairq.Outgoing items, got {type(m).__name__}")
+            envs.append(
+                make_envelope(
+                    m.body, m.attributes, m.delay, m.priority, m.group, m.dedup_id, self._max_bytes
+                )
+            )
+        if not envs:
+            return []
+        return await self._send(envs, timeout)
+
+    async def _send(self, envs: list[Envelope], timeout: float | None) -> list[str]:
+        if timeout is not None:
+            timeout = _number("timeout", timeout)
+        backend = self._backend
+        wakeups = backend.wakeups
+        token = wakeups.token(self.name)
+        try:
+            return await backend.send(self.name, envs)
+        except QueueFull as full:
+            if full.overflow != "block":
+                raise
+            max_length = full.max_length
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        while True:
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise QueueFull(
+                    self.name, max_length, f"no room within the send timeout of {timeout:g} s", "block"
+                )
+            await wakeups.wait(token, remaining)
+            token = wakeups.token(self.name)
+            try:
+                return await backend.send(self.name, envs)
+            except QueueFull as full:
+                if full.overflow != "block":
+                    raise
+                max_length = full.max_length
+
+    # -- receiving -------------------------------------------------------------------------
+    async def receive(
+        self,
+        max_messages: int = 1,
+        visibility_timeout: float | None = None,
+        wait: float = 0.0,
+    ) -> list[Received]:
+        """Lease up to ``max_messages`` visible messages.
+
+        Each is hidden from other receivers for ``visibility_timeout`` seconds (default:
+        the queue's). With ``wait`` > 0, waits up to that long for a first message and
+        returns as soon as one is there; an empty list means none came.
+        """
+        _count("max_messages", max_messages, minimum=1, maximum=10_000)
+        if visibility_timeout is not None:
+            visibility_timeout = _number("visibility_timeout", visibility_timeout, strict=True)
+        if wait:
+            wait = _number("wait", wait)
+        backend = self._backend
+        if wait <= 0:
+            return self._attach(await backend.receive(self.name, max_messages, visibility_timeout))
+        wakeups = backend.wakeups
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while True:
+            token = wakeups.token(self.name)
+            got = await backend.receive(self.name, max_messages, visibility_timeout)
+            if got:
+                return self._attach(got)
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return []
+            await wakeups.wait(token, remaining)
+
+    def _attach(self, messages: list[Received]) -> list[Received]:
+        for m in messages:
+            m._queue = self
+        return messages
+
+    # -- settling --------------------------------------------------------------------------
+    async def ack_batch(self, receipts: Sequence[str]) -> None:
+        """Ack many deliveries in one step. Receipts whose lease is gone are left alone and
+        reported in one ``LeaseLost`` (its ``lost`` lists them) after the others are acked."""
+        receipts = list(receipts)
+        if not receipts:
+            return
+        lost = await self._backend.ack(self.name, receipts)
+        if lost:
+            from .errors import LeaseLost
+
+            raise LeaseLost(lost)
+
+    async def _ack_one(self, receipt: str) -> None:
+        await self.ack_batch([receipt])
+
+    async def _nack(self, receipt: str, delay: float) -> None:
+        delay = _number("delay", delay)
+        await self._backend.nack(self.name, receipt, delay)
+
+    async def _extend_one(self, receipt: str, seconds: float) -> None:
+        seconds = _number("seconds", seconds, strict=True)
+        lost = await self._backend.extend(self.name, [receipt], seconds)
+        if lost:
+            from .errors import LeaseLost
+
+            raise LeaseLost(lost)
+
+    async def extend_batch(self, receipts: Sequence[str], seconds: float) -> list[str]:
+        """Extend many leases to ``seconds`` from now; return the receipts whose lease was gone."""
+        seconds = _number("seconds", seconds, strict=True)
+        return await self._backend.extend(self.name, list(receipts), seconds)
+
+    async def release_batch(self, receipts: Sequence[str]) -> list[str]:
+        """Give deliveries back at once without counting them as attempts (used by a worker
+        that shuts down before it started them); return the receipts whose lease was gone."""
+        return await self._backend.release(self.name, list(receipts))
+
+    async def _dead_letter(self, receipt: str, reason: str) -> None:
+        if not isinstance(reason, str) or not reason:
+            raise InvalidOption(f"reason must be a non-empty string, got {reason!r}")
+        await self._backend.dead_letter(self.name, receipt, reason)
+
+    # -- managing --------------------------------------------------------------------------
+    async def stats(self) -> QueueStats:
+        """The queue's counts, oldest age and counters."""
+        return await self._backend.stats(self.name)
+
+    async def purge(self) -> int:
+        """Delete every message (visible, delayed and in flight); return how many."""
+        return await self._backend.purge(self.name)
+
+    async def config(self) -> QueueConfig:
+        """The options the queue is declared with."""
+        return await self._backend.queue_config(self.name)
+
+    async def peek(self, limit: int = 10) -> list[Received]:
+        """Up to ``limit`` messages in delivery order, without leasing them (receipt is "")."""
+        _count("limit", limit, minimum=1, maximum=10_000)
+        return await self._backend.peek(self.name, limit)
