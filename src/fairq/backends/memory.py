@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from ..clock import Clock
-from ..errors import InvalidOption, LeaseLost, QueueFull, QueueNotFound
+from ..errors import BackendError, InvalidOption, LeaseLost, QueueFull, QueueNotFound
 from ..message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
 from ..queue import Envelope, QueueConfig, QueueStats
 from .base import Backend, dead_letter_attributes, redrive_attributes
@@ -74,12 +74,19 @@ class MemoryBackend(Backend):
         self._waiting: list[tuple[float, int, int, _Msg]] = []
         self._last_id = 0
         self._rng = random.Random()
+        self._closed = False
 
     async def close(self) -> None:
+        self._closed = True
         self.wakeups.close()
 
     # -- helpers ---------------------------------------------------------------------------
+    def _open(self) -> None:
+        if self._closed:
+            raise BackendError("the memory backend is closed")
+
     def _q(self, name: str) -> _Queue:
+        self._open()
         q = self._queues.get(name)
         if q is None:
             raise QueueNotFound(name)
@@ -196,6 +203,7 @@ class MemoryBackend(Backend):
 
     # -- queues ----------------------------------------------------------------------------
     async def declare_queue(self, name: str, config: QueueConfig) -> None:
+        self._open()
         q = self._queues.get(name)
         if q is not None:
             q.config.check_change(name, config)
@@ -211,6 +219,7 @@ class MemoryBackend(Backend):
         return self._q(name).config
 
     async def delete_queue(self, name: str) -> bool:
+        self._open()
         q = self._queues.pop(name, None)
         if q is None:
             return False
@@ -222,6 +231,7 @@ class MemoryBackend(Backend):
         return True
 
     async def list_queues(self, prefix: str = "") -> list[str]:
+        self._open()
         return sorted(n for n in self._queues if n.startswith(prefix))
 
     # -- messages --------------------------------------------------------------------------

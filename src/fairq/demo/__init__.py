@@ -1,0 +1,1 @@
+"""Demo workloads for fairq (install with ``pip install 'fairq[demo]'``)."""

@@ -1,0 +1,81 @@
+"""Shared fixtures: one broker per backend, so every conformance test runs on each.
+
+A new backend plugs in by adding its name to BACKENDS and a branch to ``_url``. A
+backend that needs a service skips when the service is down, unless
+FAIRQ_REQUIRE_SERVICES=1 (CI), where it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+import fairq
+
+BACKENDS = ["memory", "sqlite"]
+SERVICES: dict[str, tuple[str, int]] = {}  # backend -> (host, port) it needs
+
+
+def service_up(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def _url(backend: str, tmp_path: Path) -> str:
+    if backend == "memory":
+        return "memory://"
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'fairq.db'}"
+    raise AssertionError(f"no URL for backend {backend}")
+
+
+def _require(backend: str) -> None:
+    need = SERVICES.get(backend)
+    if need and not service_up(*need):
+        if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"{backend} at {need[0]}:{need[1]} is down and FAIRQ_REQUIRE_SERVICES=1")
+        pytest.skip(f"{backend} at {need[0]}:{need[1]} is not reachable")
+
+
+@pytest.fixture(params=BACKENDS)
+def backend_name(request: pytest.FixtureRequest) -> str:
+    name: str = request.param
+    _require(name)
+    return name
+
+
+@pytest.fixture
+def url(backend_name: str, tmp_path: Path) -> str:
+    return _url(backend_name, tmp_path)
+
+
+@pytest.fixture
+def clock() -> fairq.ManualClock:
+    return fairq.ManualClock()
+
+
+@pytest.fixture
+async def broker(url: str, clock: fairq.ManualClock) -> AsyncIterator[fairq.Broker]:
+    """A broker on a manual clock: tests move time with ``clock.advance``."""
+    b = await fairq.connect(url, clock=clock)
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+@pytest.fixture
+async def live_broker(url: str) -> AsyncIterator[fairq.Broker]:
+    """A broker on the real clock, for tests of waiting (long polls, blocked sends)."""
+    b = await fairq.connect(url)
+    try:
+        yield b
+    finally:
+        await b.close()
