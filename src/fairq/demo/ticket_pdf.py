@@ -135,15 +135,24 @@ def qr_payload(order: Mapping[str, Any]) -> str:
 # --------------------------------------------------------------------------- rendering
 
 
+# Letters with no Unicode decomposition to a base letter.
+_NO_DECOMPOSITION = str.maketrans("ŁłĐđĦħıŀĿŦŧ", "LlDdHhilLTt")
+
+
 def _printable(text: str) -> str:
-    """Make ``text`` encodable in cp1252 (what the PDF core fonts can show)."""
+    """Make ``text`` encodable in cp1252 (what the PDF core fonts can show).
+
+    Characters outside cp1252 lose their accents (``ć`` -> ``c``) or become ``?``.
+    """
     out: list[str] = []
     for ch in text:
         try:
             ch.encode("cp1252")
         except UnicodeEncodeError:
             base = "".join(
-                c for c in unicodedata.normalize("NFKD", ch) if not unicodedata.combining(c)
+                c
+                for c in unicodedata.normalize("NFKD", ch.translate(_NO_DECOMPOSITION))
+                if not unicodedata.combining(c)
             )
             try:
                 base.encode("cp1252")
