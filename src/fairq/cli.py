@@ -1,0 +1,323 @@
+"""The ``fairq`` command line: send, receive, stats, redrive, worker, demo, bench.
+
+Every command takes ``--url`` (default ``$FAIRQ_URL``, else ``sqlite:///fairq.db``).
+Tables and progress bars come from rich; long work shows a progress bar.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import sys
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import __version__
+from .broker import Broker, connect
+from .errors import FairqError
+from .queue import QueueStats
+from .worker import Worker
+
+app = typer.Typer(
+    name="fairq",
+    help="fairq: durable queues, pub/sub, fair attention queues — embedded on SQLite.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+T = TypeVar("T")
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option("--url", "-u", envvar="FAIRQ_URL", help="Backend URL (default sqlite:///fairq.db)."),
+]
+
+
+def _run(main: Callable[[], Awaitable[T]]) -> T:
+    """Run a coroutine; turn fairq errors into a one-line message and exit code 1."""
+    try:
+        return asyncio.run(main())
+    except FairqError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _parse_attrs(pairs: list[str]) -> dict[str, str]:
+    attrs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"attributes are key=value, got {pair!r}", param_hint="--attr")
+        attrs[key] = value
+    return attrs
+
+
+def _age(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        console.print(f"fairq {__version__}")
+        raise typer.Exit()
+
+
+# -- send / receive ------------------------------------------------------------------------
+@app.command()
+def send(
+    queue: Annotated[str, typer.Argument(help="Queue name.")],
+    body: Annotated[str | None, typer.Argument(help="Message body; '-' or omitted reads stdin.")] = None,
+    attr: Annotated[list[str], typer.Option("--attr", "-a", help="Attribute key=value (repeatable).")] = [],  # noqa: B006
+    delay: Annotated[float, typer.Option(help="Seconds before it becomes visible.")] = 0.0,
+    priority: Annotated[int, typer.Option(help="Priority (0..max_priority).")] = 0,
+    group: Annotated[str | None, typer.Option(help="FIFO group.")] = None,
+    dedup_id: Annotated[str | None, typer.Option("--dedup-id", help="Deduplication id.")] = None,
+    count: Annotated[int, typer.Option(help="Send this many copies (in batches of 100).")] = 1,
+    declare: Annotated[bool, typer.Option(help="Declare the queue first if it does not exist.")] = True,
+    url: UrlOption = None,
+) -> None:
+    """Send a message (or --count copies) and print the id(s)."""
+    data: bytes = sys.stdin.buffer.read() if body in (None, "-") else body.encode()  # type: ignore[union-attr]
+    attrs = _parse_attrs(attr)
+
+    async def main() -> None:
+        from .message import Outgoing
+
+        async with await connect(url) as broker:
+            q = broker.queue(queue)
+            if declare and queue not in await broker.list_queues(prefix=queue):
+                q = await broker.declare_queue(queue)
+            if count == 1:
+                console.print(await q.send(data, attrs, delay, priority, group, dedup_id))
+                return
+            with _progress() as progress:
+                task = progress.add_task(f"sending to {queue}", total=count)
+                left = count
+                while left:
+                    n = min(100, left)
+                    await q.send_batch([Outgoing(data, attrs, delay, priority, group) for _ in range(n)])
+                    left -= n
+                    progress.advance(task, n)
+
+    _run(main)
+
+
+@app.command()
+def receive(
+    queue: Annotated[str, typer.Argument(help="Queue name.")],
+    max_messages: Annotated[int, typer.Option("--max", "-n", help="At most this many.")] = 10,
+    wait: Annotated[float, typer.Option(help="Long-poll up to this many seconds.")] = 0.0,
+    ack: Annotated[bool, typer.Option(help="Ack what was received (--no-ack leaves it leased).")] = True,
+    peek: Annotated[bool, typer.Option(help="Show messages without leasing them.")] = False,
+    url: UrlOption = None,
+) -> None:
+    """Receive messages, print them as a table, and ack them."""
+
+    async def main() -> None:
+        async with await connect(url) as broker:
+            q = broker.queue(queue)
+            msgs = await q.peek(max_messages) if peek else await q.receive(max_messages, wait=wait)
+            if not msgs:
+                console.print(f"[dim]no messages in {queue}[/dim]")
+                return
+            table = Table(title=f"{queue}: {len(msgs)} message(s)" + (" (peek)" if peek else ""))
+            for col in ("id", "attempt", "age", "attributes", "body"):
+                table.add_column(col)
+            now = broker.clock.now()
+            for m in msgs:
+                text = m.body.decode("utf-8", "replace")
+                table.add_row(
+                    m.id, str(m.attempt), _age(now - m.enqueued_at),
+                    " ".join(f"{k}={v}" for k, v in m.attributes.items()),
+                    text if len(text) <= 80 else text[:77] + "...",
+                )
+            console.print(table)
+            if ack and not peek:
+                await q.ack_batch([m.receipt for m in msgs])
+
+    _run(main)
+
+
+# -- stats ---------------------------------------------------------------------------------
+async def stats_table(broker: Broker, names: list[str] | None = None) -> Table:
+    """A table of every queue's counts, ages and counters."""
+    names = names or await broker.list_queues()
+    all_stats: dict[str, QueueStats] = {}
+    for name in names:
+        all_stats[name] = await broker.queue(name).stats()
+    table = Table(title=f"fairq queues — {broker.url}")
+    for col in ("queue", "visible", "delayed", "in flight", "oldest", "dlq", "sent", "acked",
+                "nacked", "redelivered", "dead-lettered", "expired", "freshness"):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for name, s in all_stats.items():
+        dlq = all_stats.get(f"{name}.dlq")
+        fresh = "-"
+        if s.freshness_slo is not None:
+            fresh = f"[red]BREACH > {s.freshness_slo:g}s[/red]" if s.breaching else "[green]ok[/green]"
+        table.add_row(
+            name, str(s.visible), str(s.delayed), str(s.in_flight), _age(s.oldest_age),
+            "-" if dlq is None else str(dlq.depth), str(s.sent), str(s.acked), str(s.nacked),
+            str(s.redelivered), str(s.dead_lettered), str(s.expired), fresh,
+        )
+    return table
+
+
+@app.command()
+def stats(
+    queues: Annotated[list[str] | None, typer.Argument(help="Queues to show (default: all).")] = None,
+    watch: Annotated[bool, typer.Option(help="Refresh every second until Ctrl-C.")] = False,
+    url: UrlOption = None,
+) -> None:
+    """Show queue statistics as a table."""
+
+    async def main() -> None:
+        async with await connect(url) as broker:
+            if not watch:
+                console.print(await stats_table(broker, queues))
+                return
+            with Live(await stats_table(broker, queues), console=console, refresh_per_second=4) as live:
+                while True:
+                    await asyncio.sleep(1)
+                    live.update(await stats_table(broker, queues))
+
+    _run(main)
+
+
+# -- redrive -------------------------------------------------------------------------------
+@app.command()
+def redrive(
+    queue: Annotated[str, typer.Argument(help="Dead-letter queue to empty.")],
+    to: Annotated[str | None, typer.Option(help="Target queue (default: each message's source).")] = None,
+    limit: Annotated[int | None, typer.Option(help="Move at most this many.")] = None,
+    url: UrlOption = None,
+) -> None:
+    """Move dead-lettered messages back to their source queue (or --to another)."""
+
+    async def main() -> None:
+        async with await connect(url) as broker:
+            total = (await broker.queue(queue).stats()).visible
+            if limit is not None:
+                total = min(total, limit)
+            moved = 0
+            with _progress() as progress:
+                task = progress.add_task(f"redriving {queue}", total=total)
+                while limit is None or moved < limit:
+                    step = 1000 if limit is None else min(1000, limit - moved)
+                    n = await broker.redrive(queue, to=to, limit=step)
+                    if n == 0:
+                        break
+                    moved += n
+                    progress.update(task, completed=min(moved, total))
+            left = (await broker.queue(queue).stats()).visible
+            console.print(f"moved {moved} message(s); {left} left in {queue}")
+
+    _run(main)
+
+
+# -- worker --------------------------------------------------------------------------------
+def load_worker(spec: str) -> Worker:
+    """Import ``module:attr``; ``attr`` is a Worker or a function returning one."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise typer.BadParameter(f"expected module:attribute, got {spec!r}", param_hint="APP")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise typer.BadParameter(f"cannot import {module_name!r}: {exc}", param_hint="APP") from exc
+    for part in attr.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise typer.BadParameter(f"{module_name!r} has no attribute {attr!r}", param_hint="APP") from None
+    if not isinstance(obj, Worker) and callable(obj):
+        obj = obj()
+    if not isinstance(obj, Worker):
+        raise typer.BadParameter(f"{spec} is not a fairq.Worker", param_hint="APP")
+    return obj
+
+
+@app.command()
+def worker(
+    spec: Annotated[str, typer.Argument(metavar="APP", help="module:attribute of a fairq.Worker.")],
+    log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "INFO",
+) -> None:
+    """Run a worker until SIGINT/SIGTERM (graceful: in-flight messages finish or go back)."""
+    import logging
+
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    w = load_worker(spec)
+    _run(w.run)
+
+
+# -- demo ----------------------------------------------------------------------------------
+@app.command()
+def demo(
+    jobs: Annotated[int, typer.Option(help="How many GenerateTicketPdf jobs to send.")] = 300,
+    workers: Annotated[int, typer.Option(help="Worker processes.")] = 2,
+    concurrency: Annotated[int, typer.Option(help="Handlers per worker process.")] = 4,
+    out: Annotated[Path, typer.Option(help="Where the PDFs go.")] = Path("tickets"),
+    chaos: Annotated[bool, typer.Option(help="kill -9 a worker half-way and start a new one.")] = False,
+    url: UrlOption = None,
+) -> None:
+    """The BoxOffice ticket-PDF scenario: send jobs, run worker processes, show progress."""
+    from .demo.run import run_demo
+
+    _run(lambda: run_demo(url, jobs=jobs, workers=workers, concurrency=concurrency, out=out,
+                          chaos=chaos, console=console))
+
+
+# -- bench ---------------------------------------------------------------------------------
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def bench(
+    ctx: typer.Context,
+    suite: Annotated[str, typer.Argument(help="Which benchmark: queues.")] = "queues",
+) -> None:
+    """Run a benchmark from the fairq checkout's bench/ folder (extra options pass through)."""
+    root = Path.cwd()
+    while not (root / "bench" / f"{suite}.py").exists():
+        if root.parent == root:
+            err_console.print(f"[red]error:[/red] bench/{suite}.py not found; run from a fairq checkout")
+            raise typer.Exit(2)
+        root = root.parent
+    sys.path.insert(0, str(root))
+    module = importlib.import_module(f"bench.{suite}")
+    raise typer.Exit(module.main(list(ctx.args)) or 0)
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+        TimeElapsedColumn(), console=console,
+    )
+
+
+def main() -> None:
+    """Entry point of the ``fairq`` console script."""
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,53 @@
+"""Child processes for the reliability tests, run as ``python procs.py ROLE DB ...``.
+
+Each role prints one line per event on stdout (flushed) so the parent can follow it
+and kill it at the worst moment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+
+import fairq
+
+
+async def hold_leases(url: str, n: int) -> None:
+    """Lease ``n`` messages, say so, and never ack them."""
+    async with await fairq.connect(url) as broker:
+        got = await broker.queue("work").receive(max_messages=n, visibility_timeout=1.0)
+        print("leased", " ".join(m.id for m in got), flush=True)
+        await asyncio.sleep(3600)
+
+
+async def send_batches(url: str, size: int) -> None:
+    """Send batches forever; print each batch number once send_batch has returned."""
+    async with await fairq.connect(url) as broker:
+        q = broker.queue("work")
+        i = 0
+        while True:
+            await q.send_batch(
+                [fairq.Outgoing(b"x" * 100, attributes={"batch": str(i)}) for _ in range(size)]
+            )
+            print("sent", i, flush=True)
+            i += 1
+
+
+async def consume(url: str, seconds: float) -> None:
+    """Long-poll and ack for ``seconds``; print each message's id and its latency."""
+    async with await fairq.connect(url) as broker:
+        q = broker.queue("work")
+        print("ready", flush=True)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for m in await q.receive(wait=min(1.0, max(0.01, end - time.monotonic()))):
+                latency = time.time() - float(m.body)
+                await m.ack()
+                print("got", m.id, f"{latency:.4f}", flush=True)
+
+
+if __name__ == "__main__":
+    role, url, arg = sys.argv[1], sys.argv[2], sys.argv[3]
+    main = {"hold": hold_leases, "send": send_batches, "consume": consume}[role]
+    asyncio.run(main(url, int(arg) if role != "consume" else float(arg)))  # type: ignore[operator]
