@@ -81,10 +81,14 @@ async def connect(
         url = os.environ.get("FAIRQ_URL") or DEFAULT_URL
     if not isinstance(url, str):
         raise ConnectionError(f"url must be a string, got {url!r}")
-    if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int) or (
-        max_message_bytes < 1
+    if (
+        isinstance(max_message_bytes, bool)
+        or not isinstance(max_message_bytes, int)
+        or (max_message_bytes < 1)
     ):
-        raise InvalidOption(f"max_message_bytes must be a positive integer, got {max_message_bytes!r}")
+        raise InvalidOption(
+            f"max_message_bytes must be a positive integer, got {max_message_bytes!r}"
+        )
     backend = _open_backend(url, clock or SystemClock())
     await backend.open()
     return Broker(backend, url, max_message_bytes)
@@ -190,6 +194,8 @@ class Broker:
         check_name(queue)
         if to is not None:
             check_name(to)
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        if limit is not None and (
+            isinstance(limit, bool) or not isinstance(limit, int) or limit < 0
+        ):
             raise InvalidOption(f"limit must be a non-negative integer or None, got {limit!r}")
         return await self.backend.redrive(queue, to, limit)

@@ -10,7 +10,7 @@ import asyncio
 import importlib
 import os
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -39,11 +39,13 @@ T = TypeVar("T")
 
 UrlOption = Annotated[
     str | None,
-    typer.Option("--url", "-u", envvar="FAIRQ_URL", help="Backend URL (default sqlite:///fairq.db)."),
+    typer.Option(
+        "--url", "-u", envvar="FAIRQ_URL", help="Backend URL (default sqlite:///fairq.db)."
+    ),
 ]
 
 
-def _run(main: Callable[[], Awaitable[T]]) -> T:
+def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a coroutine; turn fairq errors into a one-line message and exit code 1."""
     try:
         return asyncio.run(main())
@@ -87,18 +89,24 @@ def _main(
 @app.command()
 def send(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
-    body: Annotated[str | None, typer.Argument(help="Message body; '-' or omitted reads stdin.")] = None,
-    attr: Annotated[list[str], typer.Option("--attr", "-a", help="Attribute key=value (repeatable).")] = [],  # noqa: B006
+    body: Annotated[
+        str | None, typer.Argument(help="Message body; '-' or omitted reads stdin.")
+    ] = None,
+    attr: Annotated[
+        list[str], typer.Option("--attr", "-a", help="Attribute key=value (repeatable).")
+    ] = [],  # noqa: B006
     delay: Annotated[float, typer.Option(help="Seconds before it becomes visible.")] = 0.0,
     priority: Annotated[int, typer.Option(help="Priority (0..max_priority).")] = 0,
     group: Annotated[str | None, typer.Option(help="FIFO group.")] = None,
     dedup_id: Annotated[str | None, typer.Option("--dedup-id", help="Deduplication id.")] = None,
     count: Annotated[int, typer.Option(help="Send this many copies (in batches of 100).")] = 1,
-    declare: Annotated[bool, typer.Option(help="Declare the queue first if it does not exist.")] = True,
+    declare: Annotated[
+        bool, typer.Option(help="Declare the queue first if it does not exist.")
+    ] = True,
     url: UrlOption = None,
 ) -> None:
     """Send a message (or --count copies) and print the id(s)."""
-    data: bytes = sys.stdin.buffer.read() if body in (None, "-") else body.encode()  # type: ignore[union-attr]
+    data = sys.stdin.buffer.read() if body is None or body == "-" else body.encode()
     attrs = _parse_attrs(attr)
 
     async def main() -> None:
@@ -116,7 +124,9 @@ def send(
                 left = count
                 while left:
                     n = min(100, left)
-                    await q.send_batch([Outgoing(data, attrs, delay, priority, group) for _ in range(n)])
+                    await q.send_batch(
+                        [Outgoing(data, attrs, delay, priority, group) for _ in range(n)]
+                    )
                     left -= n
                     progress.advance(task, n)
 
@@ -128,7 +138,9 @@ def receive(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
     max_messages: Annotated[int, typer.Option("--max", "-n", help="At most this many.")] = 10,
     wait: Annotated[float, typer.Option(help="Long-poll up to this many seconds.")] = 0.0,
-    ack: Annotated[bool, typer.Option(help="Ack what was received (--no-ack leaves it leased).")] = True,
+    ack: Annotated[
+        bool, typer.Option(help="Ack what was received (--no-ack leaves it leased).")
+    ] = True,
     peek: Annotated[bool, typer.Option(help="Show messages without leasing them.")] = False,
     url: UrlOption = None,
 ) -> None:
@@ -148,7 +160,9 @@ def receive(
             for m in msgs:
                 text = m.body.decode("utf-8", "replace")
                 table.add_row(
-                    m.id, str(m.attempt), _age(now - m.enqueued_at),
+                    m.id,
+                    str(m.attempt),
+                    _age(now - m.enqueued_at),
                     " ".join(f"{k}={v}" for k, v in m.attributes.items()),
                     text if len(text) <= 80 else text[:77] + "...",
                 )
@@ -167,25 +181,52 @@ async def stats_table(broker: Broker, names: list[str] | None = None) -> Table:
     for name in names:
         all_stats[name] = await broker.queue(name).stats()
     table = Table(title=f"fairq queues — {broker.url}")
-    for col in ("queue", "visible", "delayed", "in flight", "oldest", "dlq", "sent", "acked",
-                "nacked", "redelivered", "dead-lettered", "expired", "freshness"):
+    for col in (
+        "queue",
+        "visible",
+        "delayed",
+        "in flight",
+        "oldest",
+        "dlq",
+        "sent",
+        "acked",
+        "nacked",
+        "redelivered",
+        "dead-lettered",
+        "expired",
+        "freshness",
+    ):
         table.add_column(col, justify="left" if col == "queue" else "right")
     for name, s in all_stats.items():
         dlq = all_stats.get(f"{name}.dlq")
         fresh = "-"
         if s.freshness_slo is not None:
-            fresh = f"[red]BREACH > {s.freshness_slo:g}s[/red]" if s.breaching else "[green]ok[/green]"
+            fresh = (
+                f"[red]BREACH > {s.freshness_slo:g}s[/red]" if s.breaching else "[green]ok[/green]"
+            )
         table.add_row(
-            name, str(s.visible), str(s.delayed), str(s.in_flight), _age(s.oldest_age),
-            "-" if dlq is None else str(dlq.depth), str(s.sent), str(s.acked), str(s.nacked),
-            str(s.redelivered), str(s.dead_lettered), str(s.expired), fresh,
+            name,
+            str(s.visible),
+            str(s.delayed),
+            str(s.in_flight),
+            _age(s.oldest_age),
+            "-" if dlq is None else str(dlq.depth),
+            str(s.sent),
+            str(s.acked),
+            str(s.nacked),
+            str(s.redelivered),
+            str(s.dead_lettered),
+            str(s.expired),
+            fresh,
         )
     return table
 
 
 @app.command()
 def stats(
-    queues: Annotated[list[str] | None, typer.Argument(help="Queues to show (default: all).")] = None,
+    queues: Annotated[
+        list[str] | None, typer.Argument(help="Queues to show (default: all).")
+    ] = None,
     watch: Annotated[bool, typer.Option(help="Refresh every second until Ctrl-C.")] = False,
     url: UrlOption = None,
 ) -> None:
@@ -196,7 +237,9 @@ def stats(
             if not watch:
                 console.print(await stats_table(broker, queues))
                 return
-            with Live(await stats_table(broker, queues), console=console, refresh_per_second=4) as live:
+            with Live(
+                await stats_table(broker, queues), console=console, refresh_per_second=4
+            ) as live:
                 while True:
                     await asyncio.sleep(1)
                     live.update(await stats_table(broker, queues))
@@ -208,7 +251,9 @@ def stats(
 @app.command()
 def redrive(
     queue: Annotated[str, typer.Argument(help="Dead-letter queue to empty.")],
-    to: Annotated[str | None, typer.Option(help="Target queue (default: each message's source).")] = None,
+    to: Annotated[
+        str | None, typer.Option(help="Target queue (default: each message's source).")
+    ] = None,
     limit: Annotated[int | None, typer.Option(help="Move at most this many.")] = None,
     url: UrlOption = None,
 ) -> None:
@@ -251,7 +296,9 @@ def load_worker(spec: str) -> Worker:
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise typer.BadParameter(f"{module_name!r} has no attribute {attr!r}", param_hint="APP") from None
+            raise typer.BadParameter(
+                f"{module_name!r} has no attribute {attr!r}", param_hint="APP"
+            ) from None
     if not isinstance(obj, Worker) and callable(obj):
         obj = obj()
     if not isinstance(obj, Worker):
@@ -267,7 +314,9 @@ def worker(
     """Run a worker until SIGINT/SIGTERM (graceful: in-flight messages finish or go back)."""
     import logging
 
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     w = load_worker(spec)
     _run(w.run)
 
@@ -279,14 +328,25 @@ def demo(
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 2,
     concurrency: Annotated[int, typer.Option(help="Handlers per worker process.")] = 4,
     out: Annotated[Path, typer.Option(help="Where the PDFs go.")] = Path("tickets"),
-    chaos: Annotated[bool, typer.Option(help="kill -9 a worker half-way and start a new one.")] = False,
+    chaos: Annotated[
+        bool, typer.Option(help="kill -9 a worker half-way and start a new one.")
+    ] = False,
     url: UrlOption = None,
 ) -> None:
     """The BoxOffice ticket-PDF scenario: send jobs, run worker processes, show progress."""
     from .demo.run import run_demo
 
-    _run(lambda: run_demo(url, jobs=jobs, workers=workers, concurrency=concurrency, out=out,
-                          chaos=chaos, console=console))
+    _run(
+        lambda: run_demo(
+            url,
+            jobs=jobs,
+            workers=workers,
+            concurrency=concurrency,
+            out=out,
+            chaos=chaos,
+            console=console,
+        )
+    )
 
 
 # -- bench ---------------------------------------------------------------------------------
@@ -299,7 +359,9 @@ def bench(
     root = Path.cwd()
     while not (root / "bench" / f"{suite}.py").exists():
         if root.parent == root:
-            err_console.print(f"[red]error:[/red] bench/{suite}.py not found; run from a fairq checkout")
+            err_console.print(
+                f"[red]error:[/red] bench/{suite}.py not found; run from a fairq checkout"
+            )
             raise typer.Exit(2)
         root = root.parent
     sys.path.insert(0, str(root))
@@ -309,8 +371,11 @@ def bench(
 
 def _progress() -> Progress:
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TimeElapsedColumn(), console=console,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
     )
 
 

@@ -44,7 +44,7 @@ class FairqError(Exception):
     """The root of every error fairq raises."""
 
 
-class ConnectionError(FairqError, builtins.ConnectionError):  # noqa: A001 - public API name
+class ConnectionError(FairqError, builtins.ConnectionError):
     """The backend could not be reached or refused the connection.
 
     The message names the URL with its password masked, and ``__cause__`` holds the
@@ -109,7 +109,9 @@ class LeaseLost(FairqError):
             "the lease of this delivery is no longer current (it expired, or the message "
             "was acked, nacked or redelivered)"
         )
-        super().__init__(f"{text}; receipts: {', '.join(lost[:5])}{' ...' if len(lost) > 5 else ''}")
+        super().__init__(
+            f"{text}; receipts: {', '.join(lost[:5])}{' ...' if len(lost) > 5 else ''}"
+        )
         self.lost = list(lost)
 
 

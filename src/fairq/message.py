@@ -95,9 +95,7 @@ def encode_attributes(attributes: Mapping[str, str] | None, json_body: bool) -> 
             if not isinstance(key, str) or not 1 <= len(key) <= MAX_ATTRIBUTE_KEY:
                 raise InvalidMessage(f"attribute keys are strings of 1-128 characters: {key!r}")
             if not isinstance(value, str):
-                raise InvalidMessage(
-                    f"attribute {key!r} must be a str, got {type(value).__name__}"
-                )
+                raise InvalidMessage(f"attribute {key!r} must be a str, got {type(value).__name__}")
             attrs[key] = value
     else:
         raise InvalidMessage(f"attributes must be a dict of str to str, got {attributes!r}")

@@ -73,12 +73,16 @@ class QueueConfig:
         if self.max_length is not None:
             _count("max_length", self.max_length, minimum=1)
         if self.overflow not in _OVERFLOWS:
-            raise InvalidOption(f"overflow must be one of {', '.join(_OVERFLOWS)}, got {self.overflow!r}")
+            raise InvalidOption(
+                f"overflow must be one of {', '.join(_OVERFLOWS)}, got {self.overflow!r}"
+            )
         if not isinstance(self.fifo, bool):
             raise InvalidOption(f"fifo must be True or False, got {self.fifo!r}")
         _count("max_priority", self.max_priority, minimum=0, maximum=MAX_PRIORITY_LIMIT)
         if self.fifo and self.max_priority > 0:
-            raise ConfigConflict("a fifo queue has no priorities: use max_priority=0 with fifo=True")
+            raise ConfigConflict(
+                "a fifo queue has no priorities: use max_priority=0 with fifo=True"
+            )
         _number("dedup_window", self.dedup_window)
         if self.freshness_slo is not None:
             _number("freshness_slo", self.freshness_slo, strict=True)
@@ -235,7 +239,9 @@ class Queue:
         envs = []
         for m in messages:
             if not isinstance(m, Outgoing):
-                raise InvalidMessage(f"send_batch takes fairq.Outgoing items, got {type(m).__name__}")
+                raise InvalidMessage(
+                    f"send_batch takes fairq.Outgoing items, got {type(m).__name__}"
+                )
             envs.append(
                 make_envelope(
                     m.body, m.attributes, m.delay, m.priority, m.group, m.dedup_id, self._max_bytes
@@ -263,7 +269,10 @@ class Queue:
             remaining = None if deadline is None else deadline - loop.time()
             if remaining is not None and remaining <= 0:
                 raise QueueFull(
-                    self.name, max_length, f"no room within the send timeout of {timeout:g} s", "block"
+                    self.name,
+                    max_length,
+                    f"no room within the send timeout of {timeout:g} s",
+                    "block",
                 )
             await wakeups.wait(token, remaining)
             token = wakeups.token(self.name)

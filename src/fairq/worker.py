@@ -135,6 +135,7 @@ class Worker:
         self._rng = random.Random()
         self._started = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._signal_task: asyncio.Future[None] | None = None
 
     @property
     def broker(self) -> Broker | None:
@@ -162,7 +163,11 @@ class Worker:
             if name in self._consumers:
                 raise InvalidOption(f"queue {name!r} already has a handler in this worker")
             self._consumers[name] = _Consumer(
-                name, handler, concurrency, retry or Backoff(), visibility_timeout,
+                name,
+                handler,
+                concurrency,
+                retry or Backoff(),
+                visibility_timeout,
                 inspect.iscoroutinefunction(handler),
             )
             return handler
@@ -248,7 +253,7 @@ class Worker:
             log.info("%s: finishing in-flight messages (grace %.0f s)", sig.name, self.grace)
         self._stopping.set()
         if self._changed is not None:
-            asyncio.ensure_future(self._notify())
+            self._signal_task = asyncio.ensure_future(self._notify())
 
     async def _notify(self) -> None:
         assert self._changed is not None
@@ -260,8 +265,10 @@ class Worker:
         assert self._changed is not None and self._stopping is not None
         async with self._changed:
             await self._changed.wait_for(
-                lambda: self._stopping.is_set()  # type: ignore[union-attr]
-                or (self._free > 0 and c.busy < c.concurrency)
+                lambda: (
+                    self._stopping.is_set()  # type: ignore[union-attr]
+                    or (self._free > 0 and c.busy < c.concurrency)
+                )
             )
             if self._stopping.is_set():
                 return 0
@@ -325,7 +332,10 @@ class Worker:
                 delay = c.retry.delay(msg.attempt, self._rng)
                 log.exception(
                     "handler of %s failed on message %s (attempt %d); retry in %.1f s",
-                    c.name, msg.id, msg.attempt, delay,
+                    c.name,
+                    msg.id,
+                    msg.attempt,
+                    delay,
                 )
                 await self._settle(msg.nack(delay), msg)
             else:
@@ -344,7 +354,8 @@ class Worker:
             log.warning(
                 "lease of message %s on %s was lost before it was settled; it will be "
                 "delivered again (make the handler idempotent)",
-                msg.id, msg.queue,
+                msg.id,
+                msg.queue,
             )
 
     async def _keep_leases(self) -> None:
@@ -369,7 +380,9 @@ class Worker:
                 until = loop.time() + c.lease
                 for r in runs:
                     if r.msg.receipt in lost:
-                        log.warning("lease of message %s on %s is lost while it runs", r.msg.id, name)
+                        log.warning(
+                            "lease of message %s on %s is lost while it runs", r.msg.id, name
+                        )
                     r.lease_until = until
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
@@ -379,7 +392,10 @@ class Worker:
         for t in tasks:
             if not t.get_name().startswith("fairq-leases"):
                 t.cancel()
-        await asyncio.gather(*[t for t in tasks if not t.get_name().startswith("fairq-leases")], return_exceptions=True)
+        await asyncio.gather(
+            *[t for t in tasks if not t.get_name().startswith("fairq-leases")],
+            return_exceptions=True,
+        )
         handlers = [r.task for r in self._running.values() if r.task is not None]
         if handlers:
             log.info("waiting up to %.0f s for %d running handler(s)", self.grace, len(handlers))
@@ -408,5 +424,9 @@ class Worker:
                 lost = await c.queue.release_batch([r.msg.receipt for r in runs])
                 self.stats.released += len(runs) - len(lost)
             except Exception:
-                log.warning("could not release messages on %s; their leases will expire", name, exc_info=True)
+                log.warning(
+                    "could not release messages on %s; their leases will expire",
+                    name,
+                    exc_info=True,
+                )
             log.info("gave %d unfinished message(s) back to %s", len(runs), name)

@@ -9,7 +9,9 @@ import fairq
 from fairq.errors import FairqError
 
 
-async def test_ids_are_unique_and_sort_by_send_time(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
+async def test_ids_are_unique_and_sort_by_send_time(
+    broker: fairq.Broker, clock: fairq.ManualClock
+) -> None:
     q = await broker.declare_queue("ids")
     ids = []
     for i in range(50):
@@ -45,7 +47,14 @@ async def test_received_fields(broker: fairq.Broker, clock: fairq.ManualClock) -
     mid = await q.send(b"x", attributes={"k": "v"}, priority=3, group="g1")
     (m,) = await q.receive()
     assert (m.id, m.body, m.attributes, m.attempt, m.priority, m.group, m.queue, m.key) == (
-        mid, b"x", {"k": "v"}, 1, 3, "g1", "fields", None,
+        mid,
+        b"x",
+        {"k": "v"},
+        1,
+        3,
+        "g1",
+        "fields",
+        None,
     )
     assert abs(m.enqueued_at - sent_at) < 0.002
     assert isinstance(m.receipt, str) and m.receipt
@@ -166,7 +175,12 @@ async def test_invalid_send_arguments_store_nothing(broker: fairq.Broker) -> Non
 
 async def test_invalid_receive_arguments(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("rargs")
-    for kwargs in ({"max_messages": 0}, {"max_messages": 10_001}, {"visibility_timeout": 0}, {"wait": -1}):
+    for kwargs in (
+        {"max_messages": 0},
+        {"max_messages": 10_001},
+        {"visibility_timeout": 0},
+        {"wait": -1},
+    ):
         with pytest.raises(fairq.InvalidOption):
             await q.receive(**kwargs)  # type: ignore[arg-type]
 
@@ -192,8 +206,17 @@ async def test_unreachable_sqlite_path(tmp_path: object) -> None:
 
 async def test_every_error_is_a_fairq_error() -> None:
     for name in (
-        "ConnectionError", "InvalidName", "InvalidMessage", "MessageTooLarge", "InvalidOption",
-        "ConfigConflict", "QueueNotFound", "QueueFull", "LeaseLost", "Unsupported", "Reject",
+        "ConnectionError",
+        "InvalidName",
+        "InvalidMessage",
+        "MessageTooLarge",
+        "InvalidOption",
+        "ConfigConflict",
+        "QueueNotFound",
+        "QueueFull",
+        "LeaseLost",
+        "Unsupported",
+        "Reject",
         "BackendError",
     ):
         assert issubclass(getattr(fairq, name), fairq.FairqError), name

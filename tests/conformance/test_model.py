@@ -16,7 +16,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import fairq
-
 from conftest import BACKENDS, _require
 
 MAX_ATTEMPTS = 3
@@ -173,7 +172,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.model.settle_time(self.now)
         states = [m.state for m in self.model.msgs.values()]
         assert (s.visible, s.delayed, s.in_flight) == (
-            states.count("ready"), states.count("delayed"), states.count("leased")
+            states.count("ready"),
+            states.count("delayed"),
+            states.count("leased"),
         )
         assert s.dead_lettered == self.model.dead
         assert self.dlq.stats().visible == self.model.dead

@@ -30,7 +30,11 @@ DEAD_LETTER_REASONS = ("max_attempts", "expired", "rejected", "overflow")
 
 
 def dead_letter_attributes(
-    attributes: Mapping[str, str], reason: str, source: str, message_id: str, attempts: int,
+    attributes: Mapping[str, str],
+    reason: str,
+    source: str,
+    message_id: str,
+    attempts: int,
     detail: str | None = None,
 ) -> dict[str, str]:
     """The attributes a message carries into its dead-letter queue.
@@ -142,9 +146,7 @@ class Wakeups:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(sleep):
                         await self._kick.wait()
-                if due is not None and clock.now() >= due:
-                    self.notify_all()
-                elif await backend.changed_elsewhere():
+                if (due is not None and clock.now() >= due) or await backend.changed_elsewhere():
                     self.notify_all()
         finally:
             self._kick = None
@@ -174,7 +176,7 @@ class Backend(ABC):
         self.wakeups = Wakeups(self, clock)
 
     # -- lifecycle -------------------------------------------------------------------------
-    async def open(self) -> None:
+    async def open(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
         """Connect and prepare the schema; raise ``fairq.ConnectionError`` if impossible."""
 
     @abstractmethod

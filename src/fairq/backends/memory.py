@@ -112,8 +112,14 @@ class MemoryBackend(Backend):
             heapq.heappush(self._waiting, (avail_at, m.id, m.version, m))
 
     def _insert(
-        self, q: _Queue, now: float, body: bytes, attrs: dict[str, str], delay: float,
-        priority: int, group: str | None,
+        self,
+        q: _Queue,
+        now: float,
+        body: bytes,
+        attrs: dict[str, str],
+        delay: float,
+        priority: int,
+        group: str | None,
     ) -> _Msg:
         mid = self._new_id(now)
         if q.config.fifo:
@@ -174,7 +180,9 @@ class MemoryBackend(Backend):
         if dlq is None:
             dlq = self._queues[target] = _Queue(target, QueueConfig.for_dead_letters())
         attrs = dead_letter_attributes(m.attrs, reason, q.name, format_id(m.id), m.attempt, detail)
-        self._insert(dlq, now, m.body, attrs, 0.0, min(m.priority, dlq.config.max_priority), m.group)
+        self._insert(
+            dlq, now, m.body, attrs, 0.0, min(m.priority, dlq.config.max_priority), m.group
+        )
 
     def _expired(self, m: _Msg, now: float) -> bool:
         return id_time(m.id) < now - m.queue.config.retention
@@ -323,8 +331,15 @@ class MemoryBackend(Backend):
             self._move(m, WAITING, now + vt, lease)
             out.append(
                 Received(
-                    format_id(m.id), m.body, dict(m.attrs), m.attempt, id_time(m.id), m.priority,
-                    m.group, make_receipt(m.id, lease), queue,
+                    format_id(m.id),
+                    m.body,
+                    dict(m.attrs),
+                    m.attempt,
+                    id_time(m.id),
+                    m.priority,
+                    m.group,
+                    make_receipt(m.id, lease),
+                    queue,
                 )
             )
         return out
@@ -407,8 +422,13 @@ class MemoryBackend(Backend):
             oldest = max(0.0, now - id_time(next(iter(q.msgs))))
         slo = q.config.freshness_slo
         return QueueStats(
-            visible=q.visible, delayed=q.delayed, in_flight=q.in_flight, oldest_age=oldest,
-            freshness_slo=slo, breaching=slo is not None and oldest > slo, **q.counters,
+            visible=q.visible,
+            delayed=q.delayed,
+            in_flight=q.in_flight,
+            oldest_age=oldest,
+            freshness_slo=slo,
+            breaching=slo is not None and oldest > slo,
+            **q.counters,
         )
 
     async def purge(self, queue: str) -> int:
@@ -431,14 +451,21 @@ class MemoryBackend(Backend):
         now = self.clock.now()
         self._sweep(now)
         q = self._q(queue)
-        out = []
+        out: list[Received] = []
         for m in q.msgs.values():
             if len(out) >= limit:
                 break
             out.append(
                 Received(
-                    format_id(m.id), m.body, dict(m.attrs), m.attempt, id_time(m.id), m.priority,
-                    m.group, "", queue,
+                    format_id(m.id),
+                    m.body,
+                    dict(m.attrs),
+                    m.attempt,
+                    id_time(m.id),
+                    m.priority,
+                    m.group,
+                    "",
+                    queue,
                 )
             )
         return out

@@ -31,14 +31,27 @@ STALL_LIMIT = 120.0  # seconds without progress before the demo gives up
 
 def _spawn(env: dict[str, str]) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
-        [sys.executable, "-m", "fairq", "worker", "fairq.demo.worker:make_worker",
-         "--log-level", "WARNING"],
+        [
+            sys.executable,
+            "-m",
+            "fairq",
+            "worker",
+            "fairq.demo.worker:make_worker",
+            "--log-level",
+            "WARNING",
+        ],
         env=env,
     )
 
 
 async def run_demo(
-    url: str | None, *, jobs: int, workers: int, concurrency: int, out: Path, chaos: bool,
+    url: str | None,
+    *,
+    jobs: int,
+    workers: int,
+    concurrency: int,
+    out: Path,
+    chaos: bool,
     console: Console,
 ) -> None:
     from .ticket_pdf import ticket_job
@@ -47,31 +60,39 @@ async def run_demo(
         raise FairqError("--jobs, --workers and --concurrency must be at least 1")
     async with await connect(url) as broker:
         url = url or os.environ.get("FAIRQ_URL") or "sqlite:///fairq.db"
-        q = await broker.declare_queue(QUEUE, visibility_timeout=5.0 if chaos else 30.0, max_attempts=5)
+        q = await broker.declare_queue(
+            QUEUE, visibility_timeout=5.0 if chaos else 30.0, max_attempts=5
+        )
         await q.purge()
         before = await q.stats()
         console.print(
             f"[bold]BoxOffice ticket PDFs[/bold] — {jobs} jobs, {workers} worker process(es) × "
             f"{concurrency}, queue [cyan]{QUEUE}[/cyan] on [cyan]{broker.url}[/cyan]"
         )
-        env = dict(os.environ, FAIRQ_URL=url, FAIRQ_DEMO_OUT=str(out),
-                   FAIRQ_DEMO_CONCURRENCY=str(concurrency))
+        env = dict(
+            os.environ,
+            FAIRQ_URL=url,
+            FAIRQ_DEMO_OUT=str(out),
+            FAIRQ_DEMO_CONCURRENCY=str(concurrency),
+        )
         started = time.monotonic()
         procs = [_spawn(env) for _ in range(workers)]
         killed = 0
         try:
             with Progress(
-                TextColumn("[bold]{task.description:<18}"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("{task.fields[note]}"), TimeElapsedColumn(), console=console,
+                TextColumn("[bold]{task.description:<18}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[note]}"),
+                TimeElapsedColumn(),
+                console=console,
             ) as progress:
                 sending = progress.add_task("sending jobs", total=jobs, note="")
                 making = progress.add_task("rendering PDFs", total=jobs, note="")
                 sent = 0
                 while sent < jobs:
                     n = min(50, jobs - sent)
-                    await q.send_batch(
-                        [Outgoing(ticket_job(i)) for i in range(sent, sent + n)]
-                    )
+                    await q.send_batch([Outgoing(ticket_job(i)) for i in range(sent, sent + n)])
                     sent += n
                     progress.update(sending, completed=sent)
                     await asyncio.sleep(0)
@@ -82,7 +103,8 @@ async def run_demo(
                     dead = s.dead_lettered - before.dead_lettered
                     alive = sum(p.poll() is None for p in procs)
                     progress.update(
-                        making, completed=done,
+                        making,
+                        completed=done,
                         note=f"in flight {s.in_flight:>3}  workers {alive}"
                         + (f"  [red]killed {killed}[/red]" if killed else ""),
                     )
@@ -96,7 +118,9 @@ async def run_demo(
                     if done != last_done:
                         last_done, last_change = done, time.monotonic()
                     elif time.monotonic() - last_change > STALL_LIMIT:
-                        raise FairqError(f"no progress for {STALL_LIMIT:.0f} s; are the workers running?")
+                        raise FairqError(
+                            f"no progress for {STALL_LIMIT:.0f} s; are the workers running?"
+                        )
                     if alive == 0:
                         raise FairqError("every worker process exited; see their output above")
                     await asyncio.sleep(0.2)

@@ -137,7 +137,11 @@ class SQLiteBackend(Backend):
             self._conn = await asyncio.to_thread(self._open_conn)
         except (sqlite3.Error, OSError, FairqError) as exc:
             where = Path(self.path)
-            hint = "" if where.parent.exists() else f" (directory {str(where.parent)!r} does not exist)"
+            hint = (
+                ""
+                if where.parent.exists()
+                else f" (directory {str(where.parent)!r} does not exist)"
+            )
             raise ConnectionError(f"cannot open sqlite:///{self.path}{hint}: {exc}") from exc
         self._conn.execute("PRAGMA busy_timeout = 0")  # from now on: retried off the loop
         (self._pulse_version,) = self._conn.execute("PRAGMA data_version").fetchone()
@@ -275,7 +279,9 @@ class SQLiteBackend(Backend):
             results.append((fut, value, None))
 
     def _run_merged(
-        self, t: Txn, unit: list[Job],
+        self,
+        t: Txn,
+        unit: list[Job],
         results: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
     ) -> bool:
         """Run same-kind jobs on one queue as ONE operation (one insert, one counter update);
@@ -322,7 +328,12 @@ class SQLiteBackend(Backend):
     ) -> None:
         for fut, value, exc in results:
             if fut.cancelled():
-                if exc is None and isinstance(value, list) and value and isinstance(value[0], Received):
+                if (
+                    exc is None
+                    and isinstance(value, list)
+                    and value
+                    and isinstance(value[0], Received)
+                ):
                     # the receiver gave up while its receive ran: hand the leases back
                     self._call(store.release, value[0].queue, [m.receipt for m in value])
                 continue

@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 
 from ...errors import FairqError, InvalidOption, LeaseLost, QueueFull, QueueNotFound
-from ...message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
+from ...message import Received, format_id, id_time, next_id_base, parse_receipt
 from ...queue import Envelope, QueueConfig, QueueStats
 from ..base import dead_letter_attributes, redrive_attributes
 
@@ -76,7 +76,9 @@ def apply_schema(conn: sqlite3.Connection) -> None:
         ).fetchone()
         version = 0
         if has_meta:
-            row = conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone()
+            row = conn.execute(
+                "SELECT value FROM fairq_meta WHERE key = 'schema_version'"
+            ).fetchone()
             version = int(row[0]) if row else 0
         if version > SCHEMA_VERSION:
             raise FairqError(
@@ -173,7 +175,9 @@ class Txn:
         store = self.store
         last = store.last_id
         if last is None:
-            (last,) = self.conn.execute("SELECT value FROM fairq_meta WHERE key = 'last_id'").fetchone()
+            (last,) = self.conn.execute(
+                "SELECT value FROM fairq_meta WHERE key = 'last_id'"
+            ).fetchone()
         base = next_id_base(int(last), self.now)
         store.last_id = base + n - 1
         self._last_id_dirty = True
@@ -264,9 +268,7 @@ class Txn:
         return q
 
     def configs_changed(self) -> None:
-        self.conn.execute(
-            "UPDATE fairq_meta SET value = value + 1 WHERE key = 'config_version'"
-        )
+        self.conn.execute("UPDATE fairq_meta SET value = value + 1 WHERE key = 'config_version'")
         (version,) = self.conn.execute(
             "SELECT value FROM fairq_meta WHERE key = 'config_version'"
         ).fetchone()
@@ -369,7 +371,9 @@ def _delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     t.op_notify.add(q.name)
 
 
-def _dead_letter(t: Txn, q: QueueRow, rows: Sequence[Row], reason: str, detail: str | None = None) -> None:
+def _dead_letter(
+    t: Txn, q: QueueRow, rows: Sequence[Row], reason: str, detail: str | None = None
+) -> None:
     """Move messages to ``q``'s dead-letter queue (or discard them), with their reason."""
     if not rows:
         return
@@ -443,7 +447,8 @@ def sweep(t: Txn) -> None:
                 t.op_notify.add(q.name)
         for chunk in _chunks(back):
             conn.execute(
-                f"UPDATE fairq_messages SET state = 0, lease = NULL WHERE id IN ({_marks(len(chunk))})",
+                "UPDATE fairq_messages SET state = 0, lease = NULL "
+                f"WHERE id IN ({_marks(len(chunk))})",
                 chunk,
             )
         if len(rows) < _SWEEP_BATCH:
@@ -485,8 +490,15 @@ def _current_leases(
 
 def _received(r: Row, queue: str, receipt: str, attempt: int) -> Received:
     return Received(
-        format_id(r[ID]), r[BODY], _attrs(r[ATTRS]), attempt, id_time(r[ID]), r[PRIO], r[GRP],
-        receipt, queue,
+        format_id(r[ID]),
+        r[BODY],
+        _attrs(r[ATTRS]),
+        attempt,
+        id_time(r[ID]),
+        r[PRIO],
+        r[GRP],
+        receipt,
+        queue,
     )
 
 
@@ -556,7 +568,8 @@ def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
                 slots.append(-in_batch[env.dedup_id] - 1)
                 continue
             hit = conn.execute(
-                "SELECT msg_id FROM fairq_dedup WHERE queue_id = ? AND dedup_id = ? AND expires_at > ?",
+                "SELECT msg_id FROM fairq_dedup "
+                "WHERE queue_id = ? AND dedup_id = ? AND expires_at > ?",
                 (q.id, env.dedup_id, now),
             ).fetchone()
             if hit is not None:
@@ -582,7 +595,9 @@ def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
                 (q.id, need),
             ).fetchall()
             if len(victims) < need:
-                raise QueueFull(name, cfg.max_length, "no visible message can be dropped", "drop_oldest")
+                raise QueueFull(
+                    name, cfg.max_length, "no visible message can be dropped", "drop_oldest"
+                )
             _dead_letter(t, q, victims, "overflow")
     made = _insert(
         t, q, [(e.body, _blob(e.attributes), e.delay, e.priority, e.group) for e in fresh]
@@ -647,8 +662,15 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
             attrs = r[9]
             out.append(
                 Received(
-                    hid, r[8], orjson.loads(attrs) if attrs else {}, attempt,
-                    (mid >> 16) / 1000.0, r[3], r[7], hid + tail, name,
+                    hid,
+                    r[8],
+                    orjson.loads(attrs) if attrs else {},
+                    attempt,
+                    (mid >> 16) / 1000.0,
+                    r[3],
+                    r[7],
+                    hid + tail,
+                    name,
                 )
             )
         t.add(q.id, "redelivered", redelivered)
@@ -678,7 +700,8 @@ def nack(t: Txn, name: str, receipt: str, delay: float) -> None:
     t.add(q.id, "in_flight", -1)
     if delay > 0:
         t.conn.execute(
-            "UPDATE fairq_messages SET avail_at = ?, lease = NULL WHERE id = ?", (t.now + delay, r[ID])
+            "UPDATE fairq_messages SET avail_at = ?, lease = NULL WHERE id = ?",
+            (t.now + delay, r[ID]),
         )
         t.waiting_until(t.now + delay)
         t.add(q.id, "delayed", 1)
@@ -695,6 +718,8 @@ def extend(t: Txn, name: str, receipts: list[str], seconds: float) -> list[str]:
     q = t.queue(name)
     rows, lost = _current_leases(t, q, receipts)
     until = t.now + seconds
+    if rows:
+        t.waiting_until(until)  # a lease can also be shortened
     for chunk in _chunks([r[ID] for r in rows]):
         t.conn.execute(
             f"UPDATE fairq_messages SET avail_at = ? WHERE id IN ({_marks(len(chunk))})",
@@ -708,8 +733,8 @@ def release(t: Txn, name: str, receipts: list[str]) -> list[str]:
     rows, lost = _current_leases(t, q, receipts)
     for chunk in _chunks([r[ID] for r in rows]):
         t.conn.execute(
-            "UPDATE fairq_messages SET state = 0, avail_at = ?, lease = NULL, attempt = attempt - 1 "
-            f"WHERE id IN ({_marks(len(chunk))})",
+            "UPDATE fairq_messages SET state = 0, avail_at = ?, lease = NULL, "
+            f"attempt = attempt - 1 WHERE id IN ({_marks(len(chunk))})",
             (t.now, *chunk),
         )
     if rows:
@@ -732,7 +757,9 @@ def stats(t: Txn, name: str) -> QueueStats:
     _expire_old(t, q)
     t.flush()
     row = t.conn.execute(
-        "SELECT visible, delayed, in_flight, " + ", ".join(_COUNTERS) + " FROM fairq_queues WHERE id = ?",
+        "SELECT visible, delayed, in_flight, "
+        + ", ".join(_COUNTERS)
+        + " FROM fairq_queues WHERE id = ?",
         (q.id,),
     ).fetchone()
     (oldest_id,) = t.conn.execute(
@@ -740,8 +767,21 @@ def stats(t: Txn, name: str) -> QueueStats:
     ).fetchone()
     oldest = 0.0 if oldest_id is None else max(0.0, t.now - id_time(oldest_id))
     slo = q.config.freshness_slo
+    sent, acked, nacked, redelivered, dead_lettered, expired, discarded = row[3:]
     return QueueStats(
-        *row[:3], oldest, *row[3:], freshness_slo=slo, breaching=slo is not None and oldest > slo
+        visible=row[0],
+        delayed=row[1],
+        in_flight=row[2],
+        oldest_age=oldest,
+        sent=sent,
+        acked=acked,
+        nacked=nacked,
+        redelivered=redelivered,
+        dead_lettered=dead_lettered,
+        expired=expired,
+        discarded=discarded,
+        freshness_slo=slo,
+        breaching=slo is not None and oldest > slo,
     )
 
 
@@ -795,7 +835,13 @@ def redrive(t: Txn, name: str, to: str | None, limit: int, after: int) -> tuple[
             t,
             target,
             [
-                (r[BODY], _blob(redrive_attributes(_attrs(r[ATTRS]))), 0.0, min(r[PRIO], top), r[GRP])
+                (
+                    r[BODY],
+                    _blob(redrive_attributes(_attrs(r[ATTRS]))),
+                    0.0,
+                    min(r[PRIO], top),
+                    r[GRP],
+                )
                 for r in moving
             ],
         )

@@ -1,0 +1,47 @@
+# The one definition of how fairq is installed, run, tested and measured; CI uses it too.
+# Everything goes into .venv, made on first use and refreshed when pyproject.toml changes.
+
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: run demo test lint format bench clean
+
+run: $(STAMP)          ## fairq's main job on the embedded SQLite default
+	$(BIN)/fairq demo
+
+demo: run
+
+test: $(STAMP) lint    ## the whole test suite (lint, types, tests)
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+	$(BIN)/mypy
+
+format: $(STAMP)
+	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix src tests bench
+
+bench: $(STAMP)        ## side-by-side benchmarks; results in docs/benchmarks.md
+	$(BIN)/python -m bench.queues
+
+$(BIN)/python:
+	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
+	  echo "python3 -m venv is not available; trying to install it"; \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    apt-get install -y -q python3-venv >/dev/null && $(PYTHON) -m venv $(VENV); \
+	  else \
+	    $(PYTHON) -m pip install -q --user virtualenv && $(PYTHON) -m virtualenv -q $(VENV); \
+	  fi; }
+	@test -x $@ || { echo "could not create $(VENV); install python3-venv"; exit 1; }
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[demo,bench]' --group dev
+	@touch $@
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build *.egg-info

@@ -1,0 +1,133 @@
+"""The command line and the README's commands, run as subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fairq(
+    *args: str, cwd: Path, timeout: float = 60, check: bool = True
+) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairq", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=dict(os.environ, COLUMNS="200", FAIRQ_URL=f"sqlite:///{cwd / 'cli.db'}"),
+    )
+    if check:
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
+
+
+def test_send_receive_stats_redrive(tmp_path: Path) -> None:
+    out = fairq("send", "jobs", '{"order": "o-1"}', "--attr", "channel=sms", cwd=tmp_path).stdout
+    assert re.fullmatch(r"[0-9a-f]{16}\n", out)
+    fairq("send", "jobs", "copy", "--count", "250", cwd=tmp_path)
+    stats = fairq("stats", cwd=tmp_path).stdout
+    assert re.search(r"jobs\s+│\s+251\s", stats), stats
+    got = fairq("receive", "jobs", "--max", "1", cwd=tmp_path).stdout
+    assert "o-1" in got and "channel=sms" in got
+    peek = fairq("receive", "jobs", "--peek", "--max", "3", cwd=tmp_path).stdout
+    assert "(peek)" in peek and "copy" in peek
+    assert "no messages in jobs.dlq" in fairq("receive", "jobs.dlq", cwd=tmp_path).stdout
+    redrive = fairq("redrive", "jobs.dlq", cwd=tmp_path).stdout
+    assert "moved 0 message(s)" in redrive
+
+
+def test_errors_are_one_line_and_exit_1(tmp_path: Path) -> None:
+    proc = fairq("receive", "never-declared", cwd=tmp_path, check=False)
+    assert proc.returncode == 1
+    assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
+    proc = fairq("send", "bad name", "x", cwd=tmp_path, check=False)
+    assert proc.returncode == 1 and "invalid queue name" in proc.stderr
+
+
+APP = """
+import fairq
+worker = fairq.Worker(concurrency=4, grace=10)
+
+@worker.queue("jobs")
+async def handle(msg):
+    import asyncio
+    print("start", msg.body.decode(), flush=True)
+    await asyncio.sleep(1.0)
+    print("done", msg.body.decode(), flush=True)
+"""
+
+
+def test_worker_command_shuts_down_gracefully_on_sigterm(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    fairq("send", "jobs", "one", cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "worker", "app:worker"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, FAIRQ_URL=f"sqlite:///{tmp_path / 'cli.db'}"),
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "start one"
+    proc.send_signal(signal.SIGTERM)  # mid-handler: it must finish and ack
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "done one" in out
+    stats = fairq("stats", "jobs", cwd=tmp_path).stdout
+    row = next(line for line in stats.splitlines() if line.startswith("│ jobs"))
+    cells = [c.strip() for c in row.strip("│").split("│")]
+    assert cells[1:4] == ["0", "0", "0"] and cells[7] == "1", (
+        row
+    )  # visible, delayed, in flight; acked
+
+
+def test_worker_command_rejects_a_bad_target(tmp_path: Path) -> None:
+    proc = fairq("worker", "no_such_module:worker", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "cannot import" in proc.stderr
+
+
+def test_demo_makes_every_ticket(tmp_path: Path) -> None:
+    start = time.monotonic()
+    proc = fairq(
+        "demo", "--jobs", "24", "--workers", "2", "--concurrency", "2", cwd=tmp_path, timeout=180
+    )
+    assert "PDFs on disk" in proc.stdout
+    pdfs = sorted((tmp_path / "tickets").glob("*.pdf"))
+    assert len(pdfs) == 24
+    assert all(p.read_bytes().startswith(b"%PDF") for p in pdfs)
+    assert time.monotonic() - start < 170
+
+
+def test_quickstart_example_runs() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "quickstart.py")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "acked=2 nacked=1 dead_lettered=1" in proc.stdout
+
+
+def test_readme_starts_with_the_two_commands() -> None:
+    lines = (ROOT / "README.md").read_text().splitlines()
+    blocks = [lines[i + 1] for i, line in enumerate(lines[:12]) if line.startswith("```sh")]
+    assert [b.split("#")[0].strip() for b in blocks[:2]] == ["make run", "make test"]
+    dry = subprocess.run(["make", "-n", "run", "test"], cwd=ROOT, capture_output=True, text=True)
+    assert dry.returncode == 0, dry.stderr
+
+
+@pytest.mark.parametrize("target", ["run", "test", "lint", "bench"])
+def test_makefile_targets_exist(target: str) -> None:
+    assert re.search(rf"^{target}:", (ROOT / "Makefile").read_text(), re.M)
