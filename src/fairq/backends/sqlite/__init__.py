@@ -7,6 +7,10 @@ commit instead of paying sixteen. The connection never waits on SQLite's lock: w
 another process holds the write lock, the batch is retried a moment later without
 blocking the loop (up to ``busy_timeout``).
 
+WAL checkpoints (copying the log back into the database file, with an fsync) run on a
+background thread with a connection of its own, never on the loop, so a send does not
+stall behind one.
+
 Other processes on the same file are seen through ``PRAGMA data_version``, checked every
 20 ms while someone long-polls, so a ``receive(wait=...)`` returns within a few tens of
 milliseconds of a send from another process.
@@ -20,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -41,6 +46,7 @@ _DEDUP_CLEANUP_EVERY = 60.0
 _REDRIVE_CHUNK = 1000
 _RETRY_FIRST = 0.0005
 _RETRY_MAX = 0.02
+_CHECKPOINT_EVERY = 0.1  # seconds between passive checkpoints on the background thread
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
 
@@ -117,6 +123,8 @@ class SQLiteBackend(Backend):
         self._retry_delay = _RETRY_FIRST
         self._pulse_version: int | None = None
         self._last_dedup_cleanup = 0.0
+        self._checkpointer: threading.Thread | None = None
+        self._stop_checkpoints = threading.Event()
 
     # -- lifecycle -------------------------------------------------------------------------
     def _connect(self, busy_ms: int) -> sqlite3.Connection:
@@ -144,7 +152,40 @@ class SQLiteBackend(Backend):
             )
             raise ConnectionError(f"cannot open sqlite:///{self.path}{hint}: {exc}") from exc
         self._conn.execute("PRAGMA busy_timeout = 0")  # from now on: retried off the loop
+        self._conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
         (self._pulse_version,) = self._conn.execute("PRAGMA data_version").fetchone()
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop, name=f"fairq-checkpoint:{self.path}", daemon=True
+        )
+        self._checkpointer.start()
+
+    def _checkpoint_loop(self) -> None:
+        """Copy the WAL back into the database now and then, off the event loop. PASSIVE
+        never blocks writers or readers; it does what it can and tries again later."""
+        try:
+            conn = self._connect(1000)
+        except sqlite3.Error:
+            log.warning(
+                "no checkpoint connection; SQLite's own checkpoints take over", exc_info=True
+            )
+            if self._conn is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._autocheckpoint)
+            return
+        try:
+            while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except sqlite3.Error as exc:
+                    log.debug("checkpoint skipped: %s", exc)
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error:
+            pass
+        finally:
+            conn.close()
+
+    def _autocheckpoint(self) -> None:
+        if self._conn is not None:
+            self._conn.execute("PRAGMA wal_autocheckpoint = 1000")
 
     def _open_conn(self) -> sqlite3.Connection:
         conn = self._connect(int(self._busy_timeout * 1000))
@@ -160,6 +201,10 @@ class SQLiteBackend(Backend):
         if self._pending and self._conn is not None:
             self._flush()
         conn, self._conn = self._conn, None
+        if self._checkpointer is not None:
+            self._stop_checkpoints.set()
+            await asyncio.to_thread(self._checkpointer.join, 5)
+            self._checkpointer = None
         for _, _, fut in self._pending:
             if not fut.done():
                 fut.set_exception(BackendError("the sqlite backend is closed"))
