@@ -256,32 +256,24 @@ class Queue:
             timeout = _number("timeout", timeout)
         backend = self._backend
         wakeups = backend.wakeups
-        token = wakeups.token(self.name)
-        try:
-            return await backend.send(self.name, envs)
-        except QueueFull as full:
-            if full.overflow != "block":
-                raise
-            max_length = full.max_length
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
         while True:
-            remaining = None if deadline is None else deadline - loop.time()
-            if remaining is not None and remaining <= 0:
-                raise QueueFull(
-                    self.name,
-                    max_length,
-                    f"no room within the send timeout of {timeout:g} s",
-                    "block",
-                )
-            await wakeups.wait(token, remaining)
-            token = wakeups.token(self.name)
+            token = wakeups.token(self.name)  # taken before trying: no wake-up is missed
             try:
                 return await backend.send(self.name, envs)
             except QueueFull as full:
                 if full.overflow != "block":
                     raise
-                max_length = full.max_length
+                remaining = None if deadline is None else deadline - loop.time()
+                if remaining is not None and remaining <= 0:
+                    raise QueueFull(
+                        self.name,
+                        full.max_length,
+                        f"no room within the send timeout of {timeout:g} s",
+                        "block",
+                    ) from None
+            await wakeups.wait(token, remaining)
 
     # -- receiving -------------------------------------------------------------------------
     async def receive(

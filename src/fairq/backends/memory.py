@@ -344,28 +344,39 @@ class MemoryBackend(Backend):
             )
         return out
 
-    async def ack(self, queue: str, receipts: list[str]) -> list[str]:
+    def _settle(
+        self, queue: str, receipts: list[str]
+    ) -> tuple[_Queue, list[_Msg], list[str], float]:
+        """The queue, the messages whose current lease the receipts name, the lost receipts."""
         now = self.clock.now()
         self._sweep(now)
         q = self._q(queue)
+        msgs: dict[int, _Msg] = {}
         lost: list[str] = []
         for r in receipts:
             m = self._lease_of(q, r, now)
             if m is None:
                 lost.append(r)
-                continue
+            else:
+                msgs[m.id] = m
+        return q, list(msgs.values()), lost, now
+
+    def _settle_one(self, queue: str, receipt: str) -> tuple[_Queue, _Msg, float]:
+        q, msgs, lost, now = self._settle(queue, [receipt])
+        if lost:
+            raise LeaseLost(lost)
+        return q, msgs[0], now
+
+    async def ack(self, queue: str, receipts: list[str]) -> list[str]:
+        q, msgs, lost, now = self._settle(queue, receipts)
+        for m in msgs:
             self._remove(m, now)
-            q.counters["acked"] += 1
+        q.counters["acked"] += len(msgs)
         self.wakeups.notify([queue])
         return lost
 
     async def nack(self, queue: str, receipt: str, delay: float) -> None:
-        now = self.clock.now()
-        self._sweep(now)
-        q = self._q(queue)
-        m = self._lease_of(q, receipt, now)
-        if m is None:
-            raise LeaseLost([receipt])
+        q, m, now = self._settle_one(queue, receipt)
         q.counters["nacked"] += 1
         if q.config.max_attempts is not None and m.attempt >= q.config.max_attempts:
             self._dead_letter(m, "max_attempts", now)
@@ -376,40 +387,21 @@ class MemoryBackend(Backend):
         self.wakeups.notify([queue])
 
     async def extend(self, queue: str, receipts: list[str], seconds: float) -> list[str]:
-        now = self.clock.now()
-        self._sweep(now)
-        q = self._q(queue)
-        lost = []
-        for r in receipts:
-            m = self._lease_of(q, r, now)
-            if m is None:
-                lost.append(r)
-            else:
-                self._move(m, WAITING, now + seconds, m.lease)
+        _, msgs, lost, now = self._settle(queue, receipts)
+        for m in msgs:
+            self._move(m, WAITING, now + seconds, m.lease)
         return lost
 
     async def release(self, queue: str, receipts: list[str]) -> list[str]:
-        now = self.clock.now()
-        self._sweep(now)
-        q = self._q(queue)
-        lost = []
-        for r in receipts:
-            m = self._lease_of(q, r, now)
-            if m is None:
-                lost.append(r)
-                continue
+        _, msgs, lost, now = self._settle(queue, receipts)
+        for m in msgs:
             m.attempt -= 1
             self._move(m, READY, now)
         self.wakeups.notify([queue])
         return lost
 
     async def dead_letter(self, queue: str, receipt: str, reason: str) -> None:
-        now = self.clock.now()
-        self._sweep(now)
-        q = self._q(queue)
-        m = self._lease_of(q, receipt, now)
-        if m is None:
-            raise LeaseLost([receipt])
+        _, m, now = self._settle_one(queue, receipt)
         self._dead_letter(m, "rejected", now, reason)
         self.wakeups.notify([queue])
 

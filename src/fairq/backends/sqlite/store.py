@@ -230,15 +230,15 @@ class Txn:
         self.store.by_id[q.id] = q
         return q
 
+    def _lookup(self, column: str, value: object) -> QueueRow | None:
+        return self._load(
+            self.conn.execute(
+                f"SELECT id, name, config FROM fairq_queues WHERE {column} = ?", (value,)
+            ).fetchone()
+        )
+
     def find(self, name: str) -> QueueRow | None:
-        q = self.store.by_name.get(name)
-        if q is None:
-            q = self._load(
-                self.conn.execute(
-                    "SELECT id, name, config FROM fairq_queues WHERE name = ?", (name,)
-                ).fetchone()
-            )
-        return q
+        return self.store.by_name.get(name) or self._lookup("name", name)
 
     def queue(self, name: str) -> QueueRow:
         q = self.find(name)
@@ -247,14 +247,7 @@ class Txn:
         return q
 
     def queue_by_id(self, queue_id: int) -> QueueRow | None:
-        q = self.store.by_id.get(queue_id)
-        if q is None:
-            q = self._load(
-                self.conn.execute(
-                    "SELECT id, name, config FROM fairq_queues WHERE id = ?", (queue_id,)
-                ).fetchone()
-            )
-        return q
+        return self.store.by_id.get(queue_id) or self._lookup("id", queue_id)
 
     def create(self, name: str, config: QueueConfig) -> QueueRow:
         cur = self.conn.execute(
