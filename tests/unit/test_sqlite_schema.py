@@ -1,0 +1,56 @@
+"""The SQLite file: WAL mode, the recorded schema version, and a newer file refused."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import fairq
+from fairq.backends.sqlite.store import SCHEMA_VERSION
+
+
+async def test_new_file_is_wal_with_a_schema_version(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        await broker.declare_queue("q")
+    conn = sqlite3.connect(db)
+    assert conn.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+    row = conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone()
+    assert row == (SCHEMA_VERSION,)
+    conn.close()
+
+
+async def test_reopening_keeps_the_schema(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    for _ in range(3):
+        async with await fairq.connect(url) as broker:
+            await broker.declare_queue("q")
+    async with await fairq.connect(url) as broker:
+        assert await broker.list_queues() == ["q", "q.dlq"]
+
+
+async def test_a_file_from_a_newer_fairq_is_refused(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    async with await fairq.connect(f"sqlite:///{db}"):
+        pass
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE fairq_meta SET value = 99 WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(fairq.ConnectionError, match="newer fairq"):
+        await fairq.connect(f"sqlite:///{db}")
+
+
+@pytest.mark.parametrize("query", ["synchronous=sometimes", "busy_timeout=soon", "colour=blue"])
+async def test_bad_url_options(tmp_path: Path, query: str) -> None:
+    with pytest.raises(fairq.InvalidOption):
+        await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}?{query}")
+
+
+async def test_synchronous_full(tmp_path: Path) -> None:
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}?synchronous=full") as b:
+        q = await b.declare_queue("q")
+        await q.send(b"x")
+        assert b.backend._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # type: ignore[attr-defined]
