@@ -15,13 +15,24 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from ..clock import Clock, ManualClock
-from ..message import Received
+from ..errors import InvalidOption
+from ..message import Received, format_id
 from ..queue import Envelope, QueueConfig, QueueStats
 
-__all__ = ["DEAD_LETTER_REASONS", "Backend", "Wakeups", "dead_letter_attributes"]
+__all__ = [
+    "DEAD_LETTER_REASONS",
+    "Backend",
+    "DedupPlan",
+    "Wakeups",
+    "check_priorities",
+    "dead_letter_attributes",
+    "plan_dedup",
+    "redrive_attributes",
+]
 
 log = logging.getLogger("fairq.backends")
 
@@ -61,6 +72,60 @@ def redrive_attributes(attributes: Mapping[str, str]) -> dict[str, str]:
         for k, v in attributes.items()
         if k not in ("fairq.reason", "fairq.source", "fairq.attempts", "fairq.detail")
     }
+
+
+@dataclass(slots=True)
+class DedupPlan:
+    """Which envelopes of one send are new, and the id each envelope answers with.
+
+    ``slots`` is None when no envelope has a ``dedup_id`` (the common case: every one is
+    new); else one ``(is_new, value)`` per envelope — an index into ``fresh``, or the id
+    of the message first sent under that ``dedup_id``. ``first`` maps each new
+    ``dedup_id`` to its index in ``fresh``, to be recorded by the backend.
+    """
+
+    fresh: list[Envelope]
+    slots: list[tuple[bool, int]] | None
+    first: dict[str, int]
+
+    def answer(self, made: Sequence[int]) -> list[str]:
+        """The ids to return, given the ids ``made`` for ``fresh``."""
+        if self.slots is None:
+            return [format_id(m) for m in made]
+        return [format_id(made[v] if new else v) for new, v in self.slots]
+
+
+def plan_dedup(envelopes: list[Envelope], sent_before: Callable[[str], int | None]) -> DedupPlan:
+    """Split a send into new messages and duplicates (of earlier sends, or within the batch);
+    ``sent_before(dedup_id)`` gives the id of a live earlier send, or None."""
+    if all(e.dedup_id is None for e in envelopes):
+        return DedupPlan(envelopes, None, {})
+    fresh: list[Envelope] = []
+    slots: list[tuple[bool, int]] = []
+    first: dict[str, int] = {}
+    for env in envelopes:
+        key = env.dedup_id
+        if key is not None:
+            if key in first:
+                slots.append((True, first[key]))
+                continue
+            earlier = sent_before(key)
+            if earlier is not None:
+                slots.append((False, earlier))
+                continue
+            first[key] = len(fresh)
+        slots.append((True, len(fresh)))
+        fresh.append(env)
+    return DedupPlan(fresh, slots, first)
+
+
+def check_priorities(queue: str, envelopes: Iterable[Envelope], max_priority: int) -> None:
+    """Raise ``InvalidOption`` if an envelope's priority is above the queue's maximum."""
+    for env in envelopes:
+        if env.priority > max_priority:
+            raise InvalidOption(
+                f"priority {env.priority} is above queue {queue!r}'s max_priority {max_priority}"
+            )
 
 
 class Wakeups:

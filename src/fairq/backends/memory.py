@@ -14,10 +14,17 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
 from ..clock import Clock
-from ..errors import BackendError, InvalidOption, LeaseLost, QueueFull, QueueNotFound
+from ..errors import BackendError, LeaseLost, QueueFull, QueueNotFound
 from ..message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
 from ..queue import Envelope, QueueConfig, QueueStats
-from .base import Backend, dead_letter_attributes, redrive_attributes
+from .base import (
+    Backend,
+    DedupPlan,
+    check_priorities,
+    dead_letter_attributes,
+    plan_dedup,
+    redrive_attributes,
+)
 
 __all__ = ["MemoryBackend"]
 
@@ -243,70 +250,56 @@ class MemoryBackend(Backend):
         return sorted(n for n in self._queues if n.startswith(prefix))
 
     # -- messages --------------------------------------------------------------------------
+    def _plan_send(
+        self, q: _Queue, envelopes: list[Envelope], now: float
+    ) -> tuple[DedupPlan, list[_Msg]]:
+        """Check a send without changing anything: the new envelopes and what to drop."""
+        cfg = q.config
+        check_priorities(q.name, envelopes, cfg.max_priority)
+
+        def sent_before(dedup_id: str) -> int | None:
+            hit = q.dedup.get(dedup_id)
+            return hit[0] if hit is not None and hit[1] > now else None
+
+        plan = plan_dedup(envelopes, sent_before)  # duplicates take no room
+        victims: list[_Msg] = []
+        fresh = plan.fresh
+        if cfg.max_length is not None and fresh:
+            if len(fresh) > cfg.max_length:
+                raise QueueFull(q.name, cfg.max_length, "the batch is larger than max_length")
+            need = len(q.msgs) + len(fresh) - cfg.max_length
+            if need > 0:
+                if cfg.overflow != "drop_oldest":
+                    raise QueueFull(q.name, cfg.max_length, "", cfg.overflow)
+                victims = [m for m in q.msgs.values() if m.state != WAITING][:need]
+                if len(victims) < need:
+                    raise QueueFull(
+                        q.name, cfg.max_length, "no visible message can be dropped", "drop_oldest"
+                    )
+        return plan, victims
+
+    def _apply_send(self, q: _Queue, plan: DedupPlan, victims: list[_Msg], now: float) -> list[str]:
+        for m in victims:
+            self._dead_letter(m, "overflow", now)
+        made = [
+            self._insert(q, now, e.body, e.attributes, e.delay, e.priority, e.group).id
+            for e in plan.fresh
+        ]
+        if plan.first and q.config.dedup_window > 0:
+            expires = now + q.config.dedup_window
+            for dedup_id, index in plan.first.items():
+                q.dedup[dedup_id] = (made[index], expires)
+            if len(q.dedup) > 4096:
+                q.dedup = {k: v for k, v in q.dedup.items() if v[1] > now}
+        self.wakeups.notify([q.name])
+        return plan.answer(made)
+
     async def send(self, queue: str, envelopes: list[Envelope]) -> list[str]:
         now = self.clock.now()
         self._sweep(now)
         q = self._q(queue)
-        cfg = q.config
-        for env in envelopes:
-            if env.priority > cfg.max_priority:
-                raise InvalidOption(
-                    f"priority {env.priority} is above queue {queue!r}'s max_priority "
-                    f"{cfg.max_priority}"
-                )
-        # deduplication first: duplicates take no room
-        ids: list[int | None] = []
-        fresh: list[Envelope] = []
-        seen: dict[str, int] = {}
-        for env in envelopes:
-            if env.dedup_id is not None:
-                hit = q.dedup.get(env.dedup_id)
-                if hit is not None and hit[1] > now:
-                    ids.append(hit[0])
-                    continue
-                if env.dedup_id in seen:
-                    ids.append(-seen[env.dedup_id] - 1)  # resolved below to the batch's id
-                    continue
-                seen[env.dedup_id] = len(fresh)
-            ids.append(None)
-            fresh.append(env)
-        if cfg.max_length is not None and fresh:
-            room = cfg.max_length - len(q.msgs)
-            need = len(fresh) - room
-            if len(fresh) > cfg.max_length:
-                raise QueueFull(queue, cfg.max_length, "the batch is larger than max_length")
-            if need > 0:
-                if cfg.overflow != "drop_oldest":
-                    raise QueueFull(queue, cfg.max_length, "", cfg.overflow)
-                victims = [m for m in q.msgs.values() if m.state != WAITING][:need]
-                if len(victims) < need:
-                    raise QueueFull(
-                        queue, cfg.max_length, "no visible message can be dropped", "drop_oldest"
-                    )
-                for m in victims:
-                    self._dead_letter(m, "overflow", now)
-        made = [
-            self._insert(q, now, e.body, e.attributes, e.delay, e.priority, e.group).id
-            for e in fresh
-        ]
-        out: list[str] = []
-        k = 0
-        for slot in ids:
-            if slot is None:
-                mid = made[k]
-                env = fresh[k]
-                if env.dedup_id is not None and cfg.dedup_window > 0:
-                    q.dedup[env.dedup_id] = (mid, now + cfg.dedup_window)
-                k += 1
-                out.append(format_id(mid))
-            elif slot < 0:
-                out.append(format_id(made[-slot - 1]))
-            else:
-                out.append(format_id(slot))
-        if len(q.dedup) > 4096:
-            q.dedup = {k2: v for k2, v in q.dedup.items() if v[1] > now}
-        self.wakeups.notify([queue])
-        return out
+        plan, victims = self._plan_send(q, envelopes, now)
+        return self._apply_send(q, plan, victims, now)
 
     async def receive(
         self, queue: str, max_messages: int, visibility_timeout: float | None

@@ -19,10 +19,10 @@ from typing import Any
 
 import orjson
 
-from ...errors import FairqError, InvalidOption, LeaseLost, QueueFull, QueueNotFound
+from ...errors import FairqError, LeaseLost, QueueFull, QueueNotFound
 from ...message import Received, format_id, id_time, next_id_base, parse_receipt
 from ...queue import Envelope, QueueConfig, QueueStats
-from ..base import dead_letter_attributes, redrive_attributes
+from ..base import check_priorities, dead_letter_attributes, plan_dedup, redrive_attributes
 
 SCHEMA_VERSION = 1
 
@@ -546,31 +546,17 @@ def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
     cfg = q.config
     now = t.now
     conn = t.conn
-    for env in envs:
-        if env.priority > cfg.max_priority:
-            raise InvalidOption(
-                f"priority {env.priority} is above queue {name!r}'s max_priority {cfg.max_priority}"
-            )
-    # deduplication first: duplicates take no room and store nothing
-    slots: list[int | None] = []
-    fresh: list[Envelope] = []
-    in_batch: dict[str, int] = {}
-    for env in envs:
-        if env.dedup_id is not None:
-            if env.dedup_id in in_batch:
-                slots.append(-in_batch[env.dedup_id] - 1)
-                continue
-            hit = conn.execute(
-                "SELECT msg_id FROM fairq_dedup "
-                "WHERE queue_id = ? AND dedup_id = ? AND expires_at > ?",
-                (q.id, env.dedup_id, now),
-            ).fetchone()
-            if hit is not None:
-                slots.append(hit[0])
-                continue
-            in_batch[env.dedup_id] = len(fresh)
-        slots.append(None)
-        fresh.append(env)
+    check_priorities(name, envs, cfg.max_priority)
+
+    def sent_before(dedup_id: str) -> int | None:
+        hit = conn.execute(
+            "SELECT msg_id FROM fairq_dedup WHERE queue_id = ? AND dedup_id = ? AND expires_at > ?",
+            (q.id, dedup_id, now),
+        ).fetchone()
+        return None if hit is None else int(hit[0])
+
+    plan = plan_dedup(envs, sent_before)  # duplicates take no room and store nothing
+    fresh = plan.fresh
     if fresh and cfg.max_length is not None:
         if len(fresh) > cfg.max_length:
             raise QueueFull(name, cfg.max_length, "the batch is larger than max_length")
@@ -595,24 +581,14 @@ def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
     made = _insert(
         t, q, [(e.body, _blob(e.attributes), e.delay, e.priority, e.group) for e in fresh]
     )
-    if in_batch and cfg.dedup_window > 0:
+    if plan.first and cfg.dedup_window > 0:
         expires = now + cfg.dedup_window
         conn.executemany(
             "INSERT OR REPLACE INTO fairq_dedup (queue_id, dedup_id, msg_id, expires_at) "
             "VALUES (?, ?, ?, ?)",
-            [(q.id, d, made[i], expires) for d, i in in_batch.items()],
+            [(q.id, d, made[i], expires) for d, i in plan.first.items()],
         )
-    out: list[str] = []
-    k = 0
-    for slot in slots:
-        if slot is None:
-            out.append(format_id(made[k]))
-            k += 1
-        elif slot < 0:
-            out.append(format_id(made[-slot - 1]))
-        else:
-            out.append(format_id(slot))
-    return out
+    return plan.answer(made)
 
 
 def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list[Received]:
