@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import fields
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
@@ -64,6 +66,25 @@ def _open_backend(url: str, clock: Clock) -> Backend:
         f"cannot open {mask_url(url)!r}: unknown scheme {scheme!r} "
         "(use memory://, sqlite:///path.db, redis://, postgresql:// or amqp://)"
     )
+
+
+_QUEUE_OPTIONS = frozenset(f.name for f in fields(QueueConfig))
+
+
+def queue_config_from_options(name: str, options: Mapping[str, Any]) -> QueueConfig:
+    """The checked ``QueueConfig`` of queue ``name`` from ``declare_queue``'s keyword options
+    (``dead_letter`` left out or ``_DEFAULT`` means ``"<name>.dlq"``)."""
+    check_name(name)
+    unknown = set(options) - _QUEUE_OPTIONS
+    if unknown:
+        raise InvalidOption(
+            f"unknown queue option(s): {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(_QUEUE_OPTIONS))})"
+        )
+    values = dict(options)
+    if values.get("dead_letter", _DEFAULT) is _DEFAULT:
+        values["dead_letter"] = f"{name}.dlq"
+    return QueueConfig(**values).validated(name)
 
 
 async def connect(
@@ -152,21 +173,21 @@ class Broker:
         dead-letter queue and no attempt limit of its own); ``None`` discards instead.
         ``fifo`` and ``max_priority`` cannot change once declared (``ConfigConflict``).
         """
-        check_name(name)
-        if dead_letter is _DEFAULT:
-            dead_letter = f"{name}.dlq"
-        config = QueueConfig(
-            visibility_timeout=visibility_timeout,
-            max_attempts=max_attempts,
-            dead_letter=dead_letter,
-            retention=retention,
-            max_length=max_length,
-            overflow=overflow,
-            fifo=fifo,
-            max_priority=max_priority,
-            dedup_window=dedup_window,
-            freshness_slo=freshness_slo,
-        ).validated(name)
+        config = queue_config_from_options(
+            name,
+            {
+                "visibility_timeout": visibility_timeout,
+                "max_attempts": max_attempts,
+                "dead_letter": dead_letter,
+                "retention": retention,
+                "max_length": max_length,
+                "overflow": overflow,
+                "fifo": fifo,
+                "max_priority": max_priority,
+                "dedup_window": dedup_window,
+                "freshness_slo": freshness_slo,
+            },
+        )
         await self.backend.declare_queue(name, config)
         return self.queue(name)
 

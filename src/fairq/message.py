@@ -148,7 +148,8 @@ def parse_receipt(receipt: str) -> tuple[int, int]:
 
 @dataclass(slots=True)
 class Outgoing:
-    """One message of a :meth:`Queue.send_batch` call; the fields mirror ``send``'s arguments."""
+    """One message of ``Queue.send_batch`` or ``Topic.publish_batch``; the fields mirror
+    ``send``'s arguments (and ``publish``'s ``routing_key``)."""
 
     body: Any
     attributes: Mapping[str, str] | None = None
@@ -156,6 +157,7 @@ class Outgoing:
     priority: int = 0
     group: str | None = None
     dedup_id: str | None = None
+    routing_key: str = ""  # used by Topic.publish_batch only
 
 
 class Received:

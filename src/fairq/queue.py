@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .errors import ConfigConflict, InvalidMessage, InvalidOption, QueueFull
 from .message import Outgoing, Received, check_name, encode_attributes, encode_body
@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Envelope", "Overflow", "Queue", "QueueConfig", "QueueStats"]
 
+T = TypeVar("T")
 Overflow = Literal["reject", "drop_oldest", "block"]
 _OVERFLOWS = ("reject", "drop_oldest", "block")
 MAX_PRIORITY_LIMIT = 255
@@ -150,7 +151,8 @@ class QueueStats:
 
 @dataclass(slots=True)
 class Envelope:
-    """A message as the backend stores it: encoded body and attributes, checked options."""
+    """A message as the backend stores it: encoded body and attributes, checked options
+    (``routing_key`` only for topics)."""
 
     body: bytes
     attributes: dict[str, str]
@@ -158,6 +160,47 @@ class Envelope:
     priority: int = 0
     group: str | None = None
     dedup_id: str | None = None
+    routing_key: str = ""
+
+
+async def wait_for_room(
+    backend: Backend,
+    queue: str | None,
+    timeout: float | None,
+    attempt: Callable[[], Awaitable[T]],
+) -> T:
+    """Run ``attempt`` (a send or publish); while it fails with ``QueueFull`` on a queue with
+    ``overflow="block"``, wait for that queue to change and try again, up to ``timeout``
+    seconds (None: no limit). ``queue`` names the queue expected to fill, if known.
+
+    The wake-up token of the full queue is always taken before the attempt that finds it
+    full, so an ack between the attempt and the wait is never missed.
+    """
+    if timeout is not None:
+        timeout = _number("timeout", timeout)
+    wakeups = backend.wakeups
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + timeout
+    watched = queue
+    while True:
+        token = wakeups.token(watched) if watched is not None else None
+        try:
+            return await attempt()
+        except QueueFull as full:
+            if full.overflow != "block":
+                raise
+            remaining = None if deadline is None else deadline - loop.time()
+            if remaining is not None and remaining <= 0:
+                raise QueueFull(
+                    full.name,
+                    full.max_length,
+                    f"no room within the send timeout of {timeout:g} s",
+                    "block",
+                ) from None
+            if token is None or full.name != watched:
+                watched = full.name  # now we know which queue to watch: try once more
+                continue
+        await wakeups.wait(token, remaining)
 
 
 def _check_tag(name: str, value: object) -> str | None:
@@ -252,28 +295,9 @@ class Queue:
         return await self._send(envs, timeout)
 
     async def _send(self, envs: list[Envelope], timeout: float | None) -> list[str]:
-        if timeout is not None:
-            timeout = _number("timeout", timeout)
-        backend = self._backend
-        wakeups = backend.wakeups
-        loop = asyncio.get_running_loop()
-        deadline = None if timeout is None else loop.time() + timeout
-        while True:
-            token = wakeups.token(self.name)  # taken before trying: no wake-up is missed
-            try:
-                return await backend.send(self.name, envs)
-            except QueueFull as full:
-                if full.overflow != "block":
-                    raise
-                remaining = None if deadline is None else deadline - loop.time()
-                if remaining is not None and remaining <= 0:
-                    raise QueueFull(
-                        self.name,
-                        full.max_length,
-                        f"no room within the send timeout of {timeout:g} s",
-                        "block",
-                    ) from None
-            await wakeups.wait(token, remaining)
+        return await wait_for_room(
+            self._backend, self.name, timeout, lambda: self._backend.send(self.name, envs)
+        )
 
     # -- receiving -------------------------------------------------------------------------
     async def receive(
