@@ -6,7 +6,8 @@
     ├── InvalidMessage         a body or attributes fairq cannot store
     │   └── MessageTooLarge    body over ``max_message_bytes``
     ├── InvalidOption          a bad option value (negative timeout, unknown overflow mode, ...)
-    │   └── ConfigConflict     an option that cannot change or cannot be combined
+    │   ├── ConfigConflict     an option that cannot change or cannot be combined
+    │   └── InvalidFilter      a filter policy or routing pattern fairq cannot compile
     ├── QueueNotFound          a handle used on a queue that was never declared
     ├── QueueFull              a bounded queue refused a send
     ├── LeaseLost              ack/nack/extend/dead_letter with a receipt that is no longer current
@@ -28,6 +29,7 @@ __all__ = [
     "ConfigConflict",
     "ConnectionError",
     "FairqError",
+    "InvalidFilter",
     "InvalidMessage",
     "InvalidName",
     "InvalidOption",
@@ -75,6 +77,13 @@ class InvalidOption(FairqError, ValueError):
 
 class ConfigConflict(InvalidOption):
     """Options that cannot be combined, or an option that cannot change on re-declare."""
+
+
+class InvalidFilter(InvalidOption):
+    """A filter policy or routing pattern is malformed; the message names the offending part.
+
+    Raised when a subscription or listener is set up, never when a message is published.
+    """
 
 
 class QueueNotFound(FairqError, LookupError):
