@@ -17,6 +17,7 @@ from .errors import (
     ConfigConflict,
     ConnectionError,
     FairqError,
+    InvalidFilter,
     InvalidMessage,
     InvalidName,
     InvalidOption,
@@ -25,9 +26,11 @@ from .errors import (
     QueueFull,
     QueueNotFound,
     Reject,
+    TopicNotFound,
     Unsupported,
 )
 from .message import Outgoing, Received
+from .pubsub import Listener, PublishResult, Subscription, Topic, TopicStats
 from .queue import Queue, QueueConfig, QueueStats
 from .sync import connect_sync
 from .worker import Backoff, Worker
@@ -42,13 +45,16 @@ __all__ = [
     "ConfigConflict",
     "ConnectionError",
     "FairqError",
+    "InvalidFilter",
     "InvalidMessage",
     "InvalidName",
     "InvalidOption",
     "LeaseLost",
+    "Listener",
     "ManualClock",
     "MessageTooLarge",
     "Outgoing",
+    "PublishResult",
     "Queue",
     "QueueConfig",
     "QueueFull",
@@ -56,7 +62,11 @@ __all__ = [
     "QueueStats",
     "Received",
     "Reject",
+    "Subscription",
     "SystemClock",
+    "Topic",
+    "TopicNotFound",
+    "TopicStats",
     "Unsupported",
     "Worker",
     "__version__",

@@ -23,6 +23,7 @@ from .backends.base import Backend
 from .clock import Clock, SystemClock
 from .errors import ConnectionError, InvalidOption
 from .message import check_name
+from .pubsub import Topic, TopicConfig
 from .queue import Overflow, Queue, QueueConfig
 
 __all__ = ["DEFAULT_URL", "Broker", "connect", "mask_url"]
@@ -220,3 +221,30 @@ class Broker:
         ):
             raise InvalidOption(f"limit must be a non-negative integer or None, got {limit!r}")
         return await self.backend.redrive(queue, to, limit)
+
+    # -- topics ----------------------------------------------------------------------------
+    async def declare_topic(self, name: str, *, dedup_window: float = 300.0) -> Topic:
+        """Create a topic (or update its options); return its handle."""
+        check_name(name, "topic")
+        if (
+            isinstance(dedup_window, bool)
+            or not isinstance(dedup_window, int | float)
+            or not (0 <= dedup_window < float("inf"))
+        ):
+            raise InvalidOption(f"dedup_window must be a number >= 0, got {dedup_window!r}")
+        await self.backend.declare_topic(name, TopicConfig(float(dedup_window)))
+        return self.topic(name)
+
+    def topic(self, name: str) -> Topic:
+        """A handle to an existing topic (``TopicNotFound`` at first use if it is not)."""
+        return Topic(self.backend, name, self.max_message_bytes)
+
+    async def delete_topic(self, name: str) -> bool:
+        """Delete a topic, its subscriptions and their queues; False if there was none."""
+        return await self.backend.delete_topic(check_name(name, "topic"))
+
+    async def list_topics(self, prefix: str = "") -> list[str]:
+        """Names of the topics that start with ``prefix``, sorted."""
+        if not isinstance(prefix, str):
+            raise InvalidOption(f"prefix must be a string, got {prefix!r}")
+        return await self.backend.list_topics(prefix)

@@ -9,6 +9,7 @@
     │   ├── ConfigConflict     an option that cannot change or cannot be combined
     │   └── InvalidFilter      a filter policy or routing pattern fairq cannot compile
     ├── QueueNotFound          a handle used on a queue that was never declared
+    ├── TopicNotFound          a handle used on a topic that was never declared
     ├── QueueFull              a bounded queue refused a send
     ├── LeaseLost              ack/nack/extend/dead_letter with a receipt that is no longer current
     ├── Unsupported            the backend cannot do this (see the capability table)
@@ -38,6 +39,7 @@ __all__ = [
     "QueueFull",
     "QueueNotFound",
     "Reject",
+    "TopicNotFound",
     "Unsupported",
 ]
 
@@ -91,6 +93,14 @@ class QueueNotFound(FairqError, LookupError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"queue {name!r} does not exist; declare it with broker.declare_queue()")
+        self.name = name
+
+
+class TopicNotFound(FairqError, LookupError):
+    """The topic was never declared (or was deleted)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"topic {name!r} does not exist; declare it with broker.declare_topic()")
         self.name = name
 
 

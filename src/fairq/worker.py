@@ -30,12 +30,12 @@ import logging
 import random
 import signal
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from .broker import Broker, connect
-from .errors import InvalidOption, LeaseLost, Reject
+from .errors import FairqError, InvalidOption, LeaseLost, Reject
 from .message import Received, check_name
 from .queue import Queue
 
@@ -92,6 +92,15 @@ class _Consumer:
     busy: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _PushSettings:
+    topics: list[str] | None
+    concurrency: int
+    timeout: float
+    retry: Backoff
+    rescan: float
+
+
 @dataclass(slots=True, eq=False)
 class _Running:
     consumer: _Consumer
@@ -135,6 +144,10 @@ class Worker:
         self._rng = random.Random()
         self._started = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._error: Exception | None = None
+        self._push: _PushSettings | None = None
+        self._http: Any = None  # httpx.AsyncClient of push deliveries
         self._signal_task: asyncio.Future[None] | None = None
 
     @property
@@ -185,46 +198,121 @@ class Worker:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(stopping.set)
 
+    def push(
+        self,
+        topics: list[str] | None = None,
+        concurrency: int = 8,
+        timeout: float = 10.0,
+        retry: Backoff | None = None,
+        rescan: float = 10.0,
+    ) -> None:
+        """Also deliver the push subscriptions of ``topics`` (None: of every topic) by HTTP
+        POST (see :mod:`fairq.push`): 2xx acks; anything else or a timeout retries with
+        backoff, then dead-letters. Push subscriptions made later are picked up within
+        ``rescan`` seconds. Needs httpx (``pip install 'fairq[push]'``)."""
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
+        self._push = _PushSettings(topics, concurrency, timeout, retry or Backoff(), rescan)
+
     async def run(self) -> None:
         """Consume until :meth:`stop`, SIGINT/SIGTERM, or cancellation; then shut down."""
-        if not self._consumers:
+        if not self._consumers and self._push is None:
             raise InvalidOption("the worker has no handlers: decorate one with @worker.queue(...)")
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._changed = asyncio.Condition()
+        self._error = None
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.concurrency, thread_name_prefix="fairq-handler"
         )
         owns_broker = self._broker is None
         if self._broker is None:
             self._broker = await connect(self._url)
-        broker = self._broker
         signals = self._install_signals()
-        tasks: list[asyncio.Task[None]] = []
+        self._tasks = []
         try:
-            for c in self._consumers.values():
-                c.queue = broker.queue(c.name)
-                config = await c.queue.config()  # QueueNotFound now rather than later
-                c.lease = c.visibility_timeout or config.visibility_timeout
-            tasks = [
-                asyncio.create_task(self._consume(c), name=f"fairq-consume:{c.name}")
-                for c in self._consumers.values()
-            ]
-            tasks.append(asyncio.create_task(self._keep_leases(), name="fairq-leases"))
+            for c in list(self._consumers.values()):
+                await self._attach(c)  # QueueNotFound now rather than later
+            for c in list(self._consumers.values()):
+                self._start(c)
+            self._spawn(self._keep_leases(), "fairq-leases")
+            if self._push is not None:
+                await self._scan_push()
+                self._spawn(self._rescan_push(), "fairq-push-scan")
             self._started.set()
-            stop_wait = asyncio.create_task(self._stopping.wait())
-            done, _ = await asyncio.wait([stop_wait, *tasks], return_when=asyncio.FIRST_COMPLETED)
-            for t in done:
-                if t is not stop_wait and t.exception() is not None:
-                    raise t.exception()  # type: ignore[misc]
-            stop_wait.cancel()
+            await self._stopping.wait()
         finally:
-            await self._shutdown(tasks)
+            await self._shutdown()
             self._remove_signals(signals)
+            if self._http is not None:
+                await self._http.aclose()
+                self._http = None
             if owns_broker:
-                await broker.close()
+                await self._broker.close()
                 self._broker = None
             self._started.clear()
+        if self._error is not None:
+            raise self._error
+
+    async def _attach(self, c: _Consumer) -> None:
+        assert self._broker is not None
+        c.queue = self._broker.queue(c.name)
+        config = await c.queue.config()
+        c.lease = c.visibility_timeout or config.visibility_timeout
+
+    def _start(self, c: _Consumer) -> None:
+        self._spawn(self._consume(c), f"fairq-consume:{c.name}")
+
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        """Run a background part of the worker; if it fails, the worker stops with its error."""
+
+        async def guarded() -> None:
+            try:
+                await coro
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.error("%s failed: %s", name, exc)
+                if self._error is None:
+                    self._error = exc
+                assert self._stopping is not None
+                self._stopping.set()
+
+        self._tasks.append(asyncio.create_task(guarded(), name=name))
+
+    async def _scan_push(self) -> None:
+        """Start a consumer for every push subscription not consumed yet."""
+        settings = self._push
+        assert settings is not None and self._broker is not None
+        from .push import push_handler
+
+        if self._http is None:
+            try:
+                import httpx
+            except ImportError as exc:  # pragma: no cover - depends on the install
+                raise InvalidOption("push delivery needs httpx: pip install 'fairq[push]'") from exc
+            self._http = httpx.AsyncClient()
+        broker = self._broker
+        topics = settings.topics if settings.topics is not None else await broker.list_topics()
+        for topic in topics:
+            for sub in await broker.topic(topic).subscriptions():
+                if sub.push is None or sub.queue in self._consumers:
+                    continue
+                handler = push_handler(sub, self._http, settings.timeout)
+                c = _Consumer(sub.queue, handler, settings.concurrency, settings.retry, None, True)
+                self._consumers[sub.queue] = c
+                await self._attach(c)
+                self._start(c)
+                log.info("delivering push subscription %s.%s to %s", topic, sub.name, sub.push)
+
+    async def _rescan_push(self) -> None:
+        assert self._push is not None
+        while True:
+            await asyncio.sleep(self._push.rescan)
+            try:
+                await self._scan_push()
+            except FairqError as exc:  # a topic deleted meanwhile: try again next time
+                log.warning("push subscription scan failed: %s", exc)
 
     def _install_signals(self) -> list[signal.Signals]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
@@ -385,17 +473,15 @@ class Worker:
                         )
                     r.lease_until = until
 
-    async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
+    async def _shutdown(self) -> None:
         assert self._stopping is not None
         self._stopping.set()
         await self._notify()
-        for t in tasks:
-            if not t.get_name().startswith("fairq-leases"):
-                t.cancel()
-        await asyncio.gather(
-            *[t for t in tasks if not t.get_name().startswith("fairq-leases")],
-            return_exceptions=True,
-        )
+        tasks = self._tasks
+        receivers = [t for t in tasks if not t.get_name().startswith("fairq-leases")]
+        for t in receivers:
+            t.cancel()  # stop receiving; the lease keeper runs on while handlers finish
+        await asyncio.gather(*receivers, return_exceptions=True)
         handlers = [r.task for r in self._running.values() if r.task is not None]
         if handlers:
             log.info("waiting up to %.0f s for %d running handler(s)", self.grace, len(handlers))

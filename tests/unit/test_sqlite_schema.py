@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import fairq
-from fairq.backends.sqlite.store import SCHEMA_VERSION
+from fairq.backends.sqlite.txn import SCHEMA_VERSION
 
 
 async def test_new_file_is_wal_with_a_schema_version(tmp_path: Path) -> None:
@@ -54,3 +54,27 @@ async def test_synchronous_full(tmp_path: Path) -> None:
         q = await b.declare_queue("q")
         await q.send(b"x")
         assert b.backend._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # type: ignore[attr-defined]
+
+
+async def test_a_version_1_file_is_upgraded(tmp_path: Path) -> None:
+    db = tmp_path / "old.db"
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        q = await broker.declare_queue("kept")
+        await q.send(b"from version 1")
+    conn = sqlite3.connect(db)  # make it what fairq 0.1 (schema 1) wrote
+    for table in ("fairq_topics", "fairq_subscriptions", "fairq_topic_dedup"):
+        conn.execute(f"DROP TABLE {table}")
+    conn.execute("UPDATE fairq_meta SET value = 1 WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        (m,) = await broker.queue("kept").receive()
+        assert m.body == b"from version 1"
+        t = await broker.declare_topic("new-in-2")
+        await t.subscribe("s")
+        assert (await t.publish(b"x")).subscriptions == ["s"]
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone() == (
+        2,
+    )
+    conn.close()

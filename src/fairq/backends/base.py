@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..clock import Clock, ManualClock
 from ..errors import InvalidOption
 from ..message import Received, format_id
+from ..pubsub import PublishResult, Subscription, SubscriptionIndex, TopicConfig, TopicStats
 from ..queue import Envelope, QueueConfig, QueueStats
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "check_priorities",
     "dead_letter_attributes",
     "plan_dedup",
+    "publish_plan",
+    "publish_results",
     "redrive_attributes",
 ]
 
@@ -117,6 +120,42 @@ def plan_dedup(envelopes: list[Envelope], sent_before: Callable[[str], int | Non
         slots.append((True, len(fresh)))
         fresh.append(env)
     return DedupPlan(fresh, slots, first)
+
+
+def publish_plan(
+    index: SubscriptionIndex, subscriptions: Mapping[str, Subscription], fresh: list[Envelope]
+) -> tuple[dict[str, list[Envelope]], list[list[str]]]:
+    """For each new publication, the subscriptions it matches; and the copies to store,
+    grouped by subscription queue. A copy carries ``fairq.routing_key`` when there is one."""
+    per_queue: dict[str, list[Envelope]] = {}
+    matched: list[list[str]] = []
+    for env in fresh:
+        names = index.match(env.routing_key, env.attributes)
+        matched.append(names)
+        if not names:
+            continue
+        attrs = env.attributes
+        if env.routing_key:
+            attrs = {**attrs, "fairq.routing_key": env.routing_key}
+        copy = Envelope(env.body, attrs, env.delay)
+        for name in names:
+            per_queue.setdefault(subscriptions[name].queue, []).append(copy)
+    return per_queue, matched
+
+
+def publish_results(
+    plan: DedupPlan, made: Sequence[int], matched: list[list[str]], earlier: Mapping[int, list[str]]
+) -> list[PublishResult]:
+    """One ``PublishResult`` per envelope: new ones with their publication id ``made[i]``,
+    duplicates with the first publish's id and subscriptions (``earlier``)."""
+    if plan.slots is None:
+        return [PublishResult(format_id(m), names) for m, names in zip(made, matched, strict=True)]
+    return [
+        PublishResult(format_id(made[v]), matched[v])
+        if new
+        else PublishResult(format_id(v), earlier[v])
+        for new, v in plan.slots
+    ]
 
 
 def check_priorities(queue: str, envelopes: Iterable[Envelope], max_priority: int) -> None:
@@ -315,6 +354,51 @@ class Backend(ABC):
     async def redrive(self, queue: str, to: str | None, limit: int | None) -> int:
         """Move up to ``limit`` messages (oldest first) out of a dead-letter queue, to
         ``to`` or back to each one's source queue; return how many moved."""
+
+    # -- topics ----------------------------------------------------------------------------
+    @abstractmethod
+    async def declare_topic(self, name: str, config: TopicConfig) -> None:
+        """Create the topic or update its options."""
+
+    @abstractmethod
+    async def topic_config(self, name: str) -> TopicConfig:
+        """The options of an existing topic (``TopicNotFound`` otherwise)."""
+
+    @abstractmethod
+    async def delete_topic(self, name: str) -> bool:
+        """Delete the topic, its subscriptions and their queues; False if there was none."""
+
+    @abstractmethod
+    async def list_topics(self, prefix: str = "") -> list[str]:
+        """Names of the topics starting with ``prefix``, sorted."""
+
+    @abstractmethod
+    async def subscribe(self, subscription: Subscription, config: QueueConfig) -> None:
+        """Create or update a subscription and its queue (declared with ``config``) in one
+        step. ``ConfigConflict`` if the queue exists and is not this subscription's."""
+
+    @abstractmethod
+    async def unsubscribe(self, topic: str, name: str) -> bool:
+        """Remove a subscription and delete its queue; False if there was none."""
+
+    @abstractmethod
+    async def subscriptions(self, topic: str) -> list[Subscription]:
+        """The topic's subscriptions, sorted by name."""
+
+    @abstractmethod
+    async def publish(self, topic: str, envelopes: list[Envelope]) -> list[PublishResult]:
+        """Copy each envelope into every matching subscription queue — all copies of all
+        envelopes, or none (a full ``reject``/``block`` subscription raises ``QueueFull``).
+        A repeated ``dedup_id`` within the topic's window answers with the first result."""
+
+    @abstractmethod
+    async def topic_stats(self, topic: str) -> TopicStats:
+        """The topic's counters."""
+
+    def listen_scope(self) -> Hashable:
+        """What identifies this backend's store within the process: brokers with the same
+        scope share ephemeral listeners (``Topic.listen``)."""
+        return id(self)
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

@@ -23,19 +23,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
 
 from ...clock import Clock
 from ...errors import BackendError, ConnectionError, FairqError, InvalidOption
 from ...message import Received
+from ...pubsub import PublishResult, Subscription, TopicConfig, TopicStats
 from ...queue import Envelope, QueueConfig, QueueStats
 from ..base import Backend
-from . import store
-from .store import Store, Txn
+from . import queues as store
+from . import topics
+from .txn import Store, Txn, apply_schema
 
 __all__ = ["SQLiteBackend"]
 
@@ -190,7 +193,7 @@ class SQLiteBackend(Backend):
     def _open_conn(self) -> sqlite3.Connection:
         conn = self._connect(int(self._busy_timeout * 1000))
         try:
-            store.apply_schema(conn)
+            apply_schema(conn)
         except BaseException:
             conn.close()
             raise
@@ -447,6 +450,37 @@ class SQLiteBackend(Backend):
                 break
             after = last
         return moved
+
+    # -- topics ----------------------------------------------------------------------------
+    async def declare_topic(self, name: str, config: TopicConfig) -> None:
+        await self._call(topics.declare_topic, name, config)
+
+    async def topic_config(self, name: str) -> TopicConfig:
+        return await self._call(topics.topic_config, name)
+
+    async def delete_topic(self, name: str) -> bool:
+        return await self._call(topics.delete_topic, name)
+
+    async def list_topics(self, prefix: str = "") -> list[str]:
+        return await self._call(topics.list_topics, prefix)
+
+    async def subscribe(self, subscription: Subscription, config: QueueConfig) -> None:
+        await self._call(topics.subscribe, subscription, config)
+
+    async def unsubscribe(self, topic: str, name: str) -> bool:
+        return await self._call(topics.unsubscribe, topic, name)
+
+    async def subscriptions(self, topic: str) -> list[Subscription]:
+        return await self._call(topics.subscriptions, topic)
+
+    async def publish(self, topic: str, envelopes: list[Envelope]) -> list[PublishResult]:
+        return await self._call(topics.publish, topic, envelopes)
+
+    async def topic_stats(self, topic: str) -> TopicStats:
+        return await self._call(topics.topic_stats, topic)
+
+    def listen_scope(self) -> Hashable:
+        return ("sqlite", os.path.realpath(self.path))
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

@@ -1,5 +1,8 @@
--- fairq's SQLite schema, version 1. Applied once per database file by store.py;
--- fairq_meta.schema_version tells later versions which migrations to run.
+-- fairq's SQLite schema, version 2. Every statement is idempotent (IF NOT EXISTS), so
+-- store.apply_schema brings a file of any older version up to date by running this file
+-- again (plus any step in store.MIGRATIONS), then records fairq_meta.schema_version.
+--   version 1: queues and messages
+--   version 2: topics, subscriptions, topic deduplication
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -70,3 +73,39 @@ CREATE TABLE IF NOT EXISTS fairq_dedup (
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS fairq_ix_dedup_expiry ON fairq_dedup (expires_at);
+
+-- version 2: publish/subscribe ------------------------------------------------------------
+CREATE TABLE IF NOT EXISTS fairq_topics (
+    id         INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL UNIQUE,
+    config     TEXT NOT NULL,           -- JSON of TopicConfig
+    created_at REAL NOT NULL,
+    published  INTEGER NOT NULL DEFAULT 0,
+    copies     INTEGER NOT NULL DEFAULT 0,
+    unmatched  INTEGER NOT NULL DEFAULT 0
+);
+
+-- a subscription IS a queue (fairq_queues.id = queue_id), fed by its topic
+CREATE TABLE IF NOT EXISTS fairq_subscriptions (
+    topic_id   INTEGER NOT NULL,
+    name       TEXT NOT NULL,
+    queue_id   INTEGER NOT NULL,
+    filter     TEXT,                    -- JSON filter policy, NULL: no filter
+    routing    TEXT,                    -- AMQP topic pattern, NULL: every routing key
+    push       TEXT,                    -- endpoint URL of a push subscription
+    created_at REAL NOT NULL,
+    PRIMARY KEY (topic_id, name)
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS fairq_ix_subscription_queue ON fairq_subscriptions (queue_id);
+
+CREATE TABLE IF NOT EXISTS fairq_topic_dedup (
+    topic_id      INTEGER NOT NULL,
+    dedup_id      TEXT NOT NULL,
+    msg_id        INTEGER NOT NULL,
+    subscriptions TEXT NOT NULL,        -- JSON list of the subscriptions that got a copy
+    expires_at    REAL NOT NULL,
+    PRIMARY KEY (topic_id, dedup_id)
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS fairq_ix_topic_dedup_expiry ON fairq_topic_dedup (expires_at);

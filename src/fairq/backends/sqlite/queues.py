@@ -1,35 +1,29 @@
-"""The SQLite backend's operations, each run inside one write transaction.
+"""The SQLite backend's queue operations, each run inside one write transaction (a
+:class:`~fairq.backends.sqlite.txn.Txn`).
 
-Everything here is synchronous and runs on the backend's writer thread (see
-``__init__.py``), which groups the operations that arrive together into one
-transaction, each under its own savepoint: an operation that fails leaves the others
-and the database as they were. The schema and the meaning of the message states are
-in ``schema.sql``.
+Everything here is synchronous; the backend (``__init__.py``) groups the operations
+that arrive together into one transaction, each under its own savepoint, so one that
+fails leaves the others and the database as they were. The schema, and what the
+message states mean, are in ``schema.sql``.
 """
 
 from __future__ import annotations
 
 import math
-import random
 import sqlite3
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from importlib import resources
-from typing import Any
+from collections.abc import Sequence
 
 import orjson
 
-from ...errors import FairqError, LeaseLost, QueueFull, QueueNotFound
-from ...message import Received, format_id, id_time, next_id_base, parse_receipt
+from ...errors import LeaseLost, QueueFull
+from ...message import Received, format_id, id_time, parse_receipt
 from ...queue import Envelope, QueueConfig, QueueStats
 from ..base import check_priorities, dead_letter_attributes, plan_dedup, redrive_attributes
-
-SCHEMA_VERSION = 1
+from .txn import QueueRow, Row, Txn, chunks, marks
 
 READY, WAITING, BLOCKED = 0, 1, 2
 COLS = "id, queue_id, state, priority, avail_at, attempt, lease, grp, body, attrs"
 ID, QID, STATE, PRIO, AVAIL, ATTEMPT, LEASE, GRP, BODY, ATTRS = range(10)
-Row = tuple[Any, ...]
 
 _INSERT = "INSERT INTO fairq_messages (" + COLS + ") VALUES (?,?,?,?,?,?,?,?,?,?)"
 _SELECT_READY = (
@@ -37,20 +31,7 @@ _SELECT_READY = (
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
 )
 _COUNTERS = ("sent", "acked", "nacked", "redelivered", "dead_lettered", "expired", "discarded")
-_CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 _SWEEP_BATCH = 1000
-
-
-def _marks(n: int, _cache: dict[int, str] = {}) -> str:  # noqa: B006 - deliberate memo
-    s = _cache.get(n)
-    if s is None:
-        s = _cache[n] = ",".join("?" * n)
-    return s
-
-
-def _chunks(items: Sequence[Any], size: int = _CHUNK) -> Iterable[Sequence[Any]]:
-    for i in range(0, len(items), size):
-        yield items[i : i + size]
 
 
 def _category(state: int, lease: int | None) -> str:
@@ -65,208 +46,6 @@ def _attrs(blob: bytes | None) -> dict[str, str]:
 
 def _blob(attrs: dict[str, str]) -> bytes | None:
     return orjson.dumps(attrs) if attrs else None
-
-
-def apply_schema(conn: sqlite3.Connection) -> None:
-    """Create the tables on a new file; refuse a file written by a newer fairq."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        has_meta = conn.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fairq_meta'"
-        ).fetchone()
-        version = 0
-        if has_meta:
-            row = conn.execute(
-                "SELECT value FROM fairq_meta WHERE key = 'schema_version'"
-            ).fetchone()
-            version = int(row[0]) if row else 0
-        if version > SCHEMA_VERSION:
-            raise FairqError(
-                f"this database was written by a newer fairq (schema {version}, this fairq "
-                f"knows {SCHEMA_VERSION}); upgrade fairq"
-            )
-        if version < SCHEMA_VERSION:
-            # version 0 -> 1 is the whole schema; later versions add steps here
-            script = resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
-            script = "\n".join(line.split("--", 1)[0] for line in script.splitlines())
-            for statement in script.split(";"):
-                if statement.strip():
-                    conn.execute(statement)
-            conn.executemany(
-                "INSERT OR IGNORE INTO fairq_meta (key, value) VALUES (?, ?)",
-                [("last_id", 0), ("config_version", 0)],
-            )
-            conn.execute(
-                "INSERT OR REPLACE INTO fairq_meta (key, value) VALUES ('schema_version', ?)",
-                (SCHEMA_VERSION,),
-            )
-        conn.execute("COMMIT")
-    except BaseException:
-        conn.execute("ROLLBACK")
-        raise
-
-
-@dataclass(slots=True)
-class QueueRow:
-    id: int
-    name: str
-    config: QueueConfig
-
-
-class Store:
-    """What one connection knows between its transactions.
-
-    While no other connection commits (``PRAGMA data_version`` unchanged), the queue
-    cache, the last message id and the earliest due time stay true, which saves a few
-    statements per transaction; any commit elsewhere makes the next transaction re-read.
-    """
-
-    def __init__(self) -> None:
-        self.by_name: dict[str, QueueRow] = {}
-        self.by_id: dict[int, QueueRow] = {}
-        self.config_version = -1
-        self.last_id: int | None = None
-        self.due = -math.inf  # earliest avail_at of a waiting row, -inf: unknown
-        self.data_version: int | None = None
-        self.rng = random.Random()
-
-    def forget_queues(self) -> None:
-        self.by_name.clear()
-        self.by_id.clear()
-        self.config_version = -1
-
-    def forget(self) -> None:
-        """Trust nothing cached (after a rolled-back transaction)."""
-        self.forget_queues()
-        self.last_id = None
-        self.due = -math.inf
-        self.data_version = None
-
-
-class Txn:
-    """One write transaction: its clock reading, id allocator and per-operation bookkeeping
-    (counter deltas, queues to wake) that a failed operation throws away."""
-
-    __slots__ = ("_deltas", "_last_id_dirty", "conn", "notify", "now", "op_notify", "store")
-
-    def __init__(self, store: Store, conn: sqlite3.Connection, now: float) -> None:
-        self.store = store
-        self.conn = conn
-        self.now = now
-        self.notify: set[str] = set()
-        self.op_notify: set[str] = set()
-        self._deltas: dict[int, dict[str, int]] = {}
-        self._last_id_dirty = False
-        (data_version,) = conn.execute("PRAGMA data_version").fetchone()
-        if data_version != store.data_version:
-            # another connection committed: its ids, delays and leases are unknown here
-            store.data_version = data_version
-            store.last_id = None
-            store.due = -math.inf
-            (version,) = conn.execute(
-                "SELECT value FROM fairq_meta WHERE key = 'config_version'"
-            ).fetchone()
-            if version != store.config_version:
-                store.forget_queues()
-                store.config_version = version
-
-    # -- ids ---------------------------------------------------------------------------
-    def allocate(self, n: int) -> range:
-        store = self.store
-        last = store.last_id
-        if last is None:
-            (last,) = self.conn.execute(
-                "SELECT value FROM fairq_meta WHERE key = 'last_id'"
-            ).fetchone()
-        base = next_id_base(int(last), self.now)
-        store.last_id = base + n - 1
-        self._last_id_dirty = True
-        return range(base, base + n)
-
-    def waiting_until(self, avail_at: float) -> None:
-        """A row became waiting until ``avail_at``: the sweep must look again by then."""
-        if avail_at < self.store.due:
-            self.store.due = avail_at
-
-    # -- counters ----------------------------------------------------------------------
-    def add(self, queue_id: int, column: str, n: int) -> None:
-        if n:
-            d = self._deltas.get(queue_id)
-            if d is None:
-                d = self._deltas[queue_id] = {}
-            d[column] = d.get(column, 0) + n
-
-    def flush(self) -> None:
-        """Write this operation's counter deltas (inside its savepoint)."""
-        for qid, d in self._deltas.items():
-            cols = list(d)
-            sets = ", ".join(f"{c} = {c} + ?" for c in cols)
-            self.conn.execute(f"UPDATE fairq_queues SET {sets} WHERE id = ?", [*d.values(), qid])
-        self._deltas.clear()
-
-    def op_done(self) -> None:
-        self.flush()
-        self.notify |= self.op_notify
-        self.op_notify.clear()
-
-    def op_failed(self) -> None:
-        self._deltas.clear()
-        self.op_notify.clear()
-        self.store.forget_queues()  # the failed operation may have cached what it undid
-
-    def finish(self) -> None:
-        """Last writes before COMMIT."""
-        if self._last_id_dirty:
-            self.conn.execute(
-                "UPDATE fairq_meta SET value = ? WHERE key = 'last_id'", (self.store.last_id,)
-            )
-
-    # -- queues ------------------------------------------------------------------------
-    def _load(self, row: Row | None) -> QueueRow | None:
-        if row is None:
-            return None
-        q = QueueRow(row[0], row[1], QueueConfig.from_dict(orjson.loads(row[2])))
-        self.store.by_name[q.name] = q
-        self.store.by_id[q.id] = q
-        return q
-
-    def _lookup(self, column: str, value: object) -> QueueRow | None:
-        return self._load(
-            self.conn.execute(
-                f"SELECT id, name, config FROM fairq_queues WHERE {column} = ?", (value,)
-            ).fetchone()
-        )
-
-    def find(self, name: str) -> QueueRow | None:
-        return self.store.by_name.get(name) or self._lookup("name", name)
-
-    def queue(self, name: str) -> QueueRow:
-        q = self.find(name)
-        if q is None:
-            raise QueueNotFound(name)
-        return q
-
-    def queue_by_id(self, queue_id: int) -> QueueRow | None:
-        return self.store.by_id.get(queue_id) or self._lookup("id", queue_id)
-
-    def create(self, name: str, config: QueueConfig) -> QueueRow:
-        cur = self.conn.execute(
-            "INSERT INTO fairq_queues (name, config, created_at) VALUES (?, ?, ?)",
-            (name, orjson.dumps(config.to_dict()).decode(), self.now),
-        )
-        self.configs_changed()
-        q = QueueRow(int(cur.lastrowid or 0), name, config)
-        self.store.by_name[name] = q
-        self.store.by_id[q.id] = q
-        return q
-
-    def configs_changed(self) -> None:
-        self.conn.execute("UPDATE fairq_meta SET value = value + 1 WHERE key = 'config_version'")
-        (version,) = self.conn.execute(
-            "SELECT value FROM fairq_meta WHERE key = 'config_version'"
-        ).fetchone()
-        self.store.forget_queues()
-        self.store.config_version = version
 
 
 # -- message moves -------------------------------------------------------------------------
@@ -350,8 +129,8 @@ def _advance_group(t: Txn, q: QueueRow, grp: str) -> None:
 
 def _delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     """Delete messages of ``q`` (any state), keeping counts and FIFO heads right."""
-    for chunk in _chunks([r[ID] for r in rows]):
-        t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({_marks(len(chunk))})", chunk)
+    for chunk in chunks([r[ID] for r in rows]):
+        t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk)
     counts = {"visible": 0, "delayed": 0, "in_flight": 0}
     for r in rows:
         counts[_category(r[STATE], r[LEASE])] -= 1
@@ -438,10 +217,10 @@ def sweep(t: Txn) -> None:
                 t.add(q.id, "in_flight" if leased else "delayed", -1)
                 t.add(q.id, "visible", 1)
                 t.op_notify.add(q.name)
-        for chunk in _chunks(back):
+        for chunk in chunks(back):
             conn.execute(
                 "UPDATE fairq_messages SET state = 0, lease = NULL "
-                f"WHERE id IN ({_marks(len(chunk))})",
+                f"WHERE id IN ({marks(len(chunk))})",
                 chunk,
             )
         if len(rows) < _SWEEP_BATCH:
@@ -461,9 +240,9 @@ def _current_leases(
     parsed = [parse_receipt(r) for r in receipts]
     cols = COLS if full else _LEASE_COLS
     found: dict[int, Row] = {}
-    for chunk in _chunks([p[0] for p in parsed]):
+    for chunk in chunks([p[0] for p in parsed]):
         for row in t.conn.execute(
-            f"SELECT {cols} FROM fairq_messages WHERE id IN ({_marks(len(chunk))})", chunk
+            f"SELECT {cols} FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk
         ):
             found[row[ID]] = row
     now = t.now
@@ -525,6 +304,7 @@ def delete_queue(t: Txn, name: str) -> bool:
     conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_dedup WHERE queue_id = ?", (q.id,))
+    conn.execute("DELETE FROM fairq_subscriptions WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_queues WHERE id = ?", (q.id,))
     t.configs_changed()
     t.op_notify.add(name)
@@ -613,7 +393,7 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
         ids = [r[ID] for r in rows]
         conn.execute(
             "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "
-            f"WHERE id IN ({_marks(len(ids))})",
+            f"WHERE id IN ({marks(len(ids))})",
             (until, lease, *ids),
         )
         t.waiting_until(until)
@@ -689,9 +469,9 @@ def extend(t: Txn, name: str, receipts: list[str], seconds: float) -> list[str]:
     until = t.now + seconds
     if rows:
         t.waiting_until(until)  # a lease can also be shortened
-    for chunk in _chunks([r[ID] for r in rows]):
+    for chunk in chunks([r[ID] for r in rows]):
         t.conn.execute(
-            f"UPDATE fairq_messages SET avail_at = ? WHERE id IN ({_marks(len(chunk))})",
+            f"UPDATE fairq_messages SET avail_at = ? WHERE id IN ({marks(len(chunk))})",
             (until, *chunk),
         )
     return lost
@@ -700,10 +480,10 @@ def extend(t: Txn, name: str, receipts: list[str], seconds: float) -> list[str]:
 def release(t: Txn, name: str, receipts: list[str]) -> list[str]:
     q = t.queue(name)
     rows, lost = _current_leases(t, q, receipts)
-    for chunk in _chunks([r[ID] for r in rows]):
+    for chunk in chunks([r[ID] for r in rows]):
         t.conn.execute(
             "UPDATE fairq_messages SET state = 0, avail_at = ?, lease = NULL, "
-            f"attempt = attempt - 1 WHERE id IN ({_marks(len(chunk))})",
+            f"attempt = attempt - 1 WHERE id IN ({marks(len(chunk))})",
             (t.now, *chunk),
         )
     if rows:
@@ -825,3 +605,4 @@ def next_due(conn: sqlite3.Connection) -> float | None:
 
 def drop_expired_dedup(t: Txn) -> None:
     t.conn.execute("DELETE FROM fairq_dedup WHERE expires_at <= ?", (t.now,))
+    t.conn.execute("DELETE FROM fairq_topic_dedup WHERE expires_at <= ?", (t.now,))

@@ -1,0 +1,292 @@
+"""One write transaction of the SQLite backend, and what a connection remembers between
+transactions (the queue and topic caches, the last id, the earliest due time).
+
+The backend (``__init__.py``) runs every operation inside a :class:`Txn`; the
+operations themselves are in ``queues.py`` and ``topics.py``; the schema, and what the
+message states mean, in ``schema.sql``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import sqlite3
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import orjson
+
+from ...errors import FairqError, QueueNotFound, TopicNotFound
+from ...message import next_id_base
+from ...pubsub import Subscription, SubscriptionIndex, TopicConfig
+from ...queue import QueueConfig
+
+SCHEMA_VERSION = 2
+CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
+Row = tuple[Any, ...]
+
+
+def marks(n: int, _cache: dict[int, str] = {}) -> str:  # noqa: B006 - deliberate memo
+    """``?,?,...`` with ``n`` placeholders."""
+    s = _cache.get(n)
+    if s is None:
+        s = _cache[n] = ",".join("?" * n)
+    return s
+
+
+def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
+    """``items`` in slices of at most ``size``."""
+    for i in range(0, len(items), size):
+        yield items[i : i + size]
+
+
+def apply_schema(conn: sqlite3.Connection) -> None:
+    """Create or upgrade the tables (every statement of schema.sql is idempotent); refuse
+    a file written by a newer fairq."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        has_meta = conn.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'fairq_meta'"
+        ).fetchone()
+        version = 0
+        if has_meta:
+            row = conn.execute(
+                "SELECT value FROM fairq_meta WHERE key = 'schema_version'"
+            ).fetchone()
+            version = int(row[0]) if row else 0
+        if version > SCHEMA_VERSION:
+            raise FairqError(
+                f"this database was written by a newer fairq (schema {version}, this fairq "
+                f"knows {SCHEMA_VERSION}); upgrade fairq"
+            )
+        if version < SCHEMA_VERSION:
+            # schema.sql is additive and idempotent: running it upgrades any older file
+            script = resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
+            script = "\n".join(line.split("--", 1)[0] for line in script.splitlines())
+            for statement in script.split(";"):
+                if statement.strip():
+                    conn.execute(statement)
+            conn.executemany(
+                "INSERT OR IGNORE INTO fairq_meta (key, value) VALUES (?, ?)",
+                [("last_id", 0), ("config_version", 0)],
+            )
+            conn.execute(
+                "INSERT OR REPLACE INTO fairq_meta (key, value) VALUES ('schema_version', ?)",
+                (SCHEMA_VERSION,),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+
+
+@dataclass(slots=True)
+class QueueRow:
+    id: int
+    name: str
+    config: QueueConfig
+
+
+@dataclass(slots=True)
+class TopicRow:
+    id: int
+    name: str
+    config: TopicConfig
+    subs: dict[str, Subscription]
+    _index: SubscriptionIndex | None = None
+
+    def index(self) -> SubscriptionIndex:
+        if self._index is None:
+            self._index = SubscriptionIndex(self.subs.values())
+        return self._index
+
+
+class Store:
+    """What one connection knows between its transactions.
+
+    While no other connection commits (``PRAGMA data_version`` unchanged), the queue
+    cache, the last message id and the earliest due time stay true, which saves a few
+    statements per transaction; any commit elsewhere makes the next transaction re-read.
+    """
+
+    def __init__(self) -> None:
+        self.by_name: dict[str, QueueRow] = {}
+        self.by_id: dict[int, QueueRow] = {}
+        self.topics: dict[str, TopicRow] = {}
+        self.config_version = -1
+        self.last_id: int | None = None
+        self.due = -math.inf  # earliest avail_at of a waiting row, -inf: unknown
+        self.data_version: int | None = None
+        self.rng = random.Random()
+
+    def forget_queues(self) -> None:
+        """Forget the cached queue and topic definitions."""
+        self.by_name.clear()
+        self.by_id.clear()
+        self.topics.clear()
+        self.config_version = -1
+
+    def forget(self) -> None:
+        """Trust nothing cached (after a rolled-back transaction)."""
+        self.forget_queues()
+        self.last_id = None
+        self.due = -math.inf
+        self.data_version = None
+
+
+class Txn:
+    """One write transaction: its clock reading, id allocator and per-operation bookkeeping
+    (counter deltas, queues to wake) that a failed operation throws away."""
+
+    __slots__ = ("_deltas", "_last_id_dirty", "conn", "notify", "now", "op_notify", "store")
+
+    def __init__(self, store: Store, conn: sqlite3.Connection, now: float) -> None:
+        self.store = store
+        self.conn = conn
+        self.now = now
+        self.notify: set[str] = set()
+        self.op_notify: set[str] = set()
+        self._deltas: dict[int, dict[str, int]] = {}
+        self._last_id_dirty = False
+        (data_version,) = conn.execute("PRAGMA data_version").fetchone()
+        if data_version != store.data_version:
+            # another connection committed: its ids, delays and leases are unknown here
+            store.data_version = data_version
+            store.last_id = None
+            store.due = -math.inf
+            (version,) = conn.execute(
+                "SELECT value FROM fairq_meta WHERE key = 'config_version'"
+            ).fetchone()
+            if version != store.config_version:
+                store.forget_queues()
+                store.config_version = version
+
+    # -- ids ---------------------------------------------------------------------------
+    def allocate(self, n: int) -> range:
+        store = self.store
+        last = store.last_id
+        if last is None:
+            (last,) = self.conn.execute(
+                "SELECT value FROM fairq_meta WHERE key = 'last_id'"
+            ).fetchone()
+        base = next_id_base(int(last), self.now)
+        store.last_id = base + n - 1
+        self._last_id_dirty = True
+        return range(base, base + n)
+
+    def waiting_until(self, avail_at: float) -> None:
+        """A row became waiting until ``avail_at``: the sweep must look again by then."""
+        if avail_at < self.store.due:
+            self.store.due = avail_at
+
+    # -- counters ----------------------------------------------------------------------
+    def add(self, queue_id: int, column: str, n: int) -> None:
+        if n:
+            d = self._deltas.get(queue_id)
+            if d is None:
+                d = self._deltas[queue_id] = {}
+            d[column] = d.get(column, 0) + n
+
+    def flush(self) -> None:
+        """Write this operation's counter deltas (inside its savepoint)."""
+        for qid, d in self._deltas.items():
+            cols = list(d)
+            sets = ", ".join(f"{c} = {c} + ?" for c in cols)
+            self.conn.execute(f"UPDATE fairq_queues SET {sets} WHERE id = ?", [*d.values(), qid])
+        self._deltas.clear()
+
+    def op_done(self) -> None:
+        self.flush()
+        self.notify |= self.op_notify
+        self.op_notify.clear()
+
+    def op_failed(self) -> None:
+        self._deltas.clear()
+        self.op_notify.clear()
+        self.store.forget_queues()  # the failed operation may have cached what it undid
+
+    def finish(self) -> None:
+        """Last writes before COMMIT."""
+        if self._last_id_dirty:
+            self.conn.execute(
+                "UPDATE fairq_meta SET value = ? WHERE key = 'last_id'", (self.store.last_id,)
+            )
+
+    # -- queues ------------------------------------------------------------------------
+    def _load(self, row: Row | None) -> QueueRow | None:
+        if row is None:
+            return None
+        q = QueueRow(row[0], row[1], QueueConfig.from_dict(orjson.loads(row[2])))
+        self.store.by_name[q.name] = q
+        self.store.by_id[q.id] = q
+        return q
+
+    def _lookup(self, column: str, value: object) -> QueueRow | None:
+        return self._load(
+            self.conn.execute(
+                f"SELECT id, name, config FROM fairq_queues WHERE {column} = ?", (value,)
+            ).fetchone()
+        )
+
+    def find(self, name: str) -> QueueRow | None:
+        return self.store.by_name.get(name) or self._lookup("name", name)
+
+    def queue(self, name: str) -> QueueRow:
+        q = self.find(name)
+        if q is None:
+            raise QueueNotFound(name)
+        return q
+
+    def queue_by_id(self, queue_id: int) -> QueueRow | None:
+        return self.store.by_id.get(queue_id) or self._lookup("id", queue_id)
+
+    def create(self, name: str, config: QueueConfig) -> QueueRow:
+        cur = self.conn.execute(
+            "INSERT INTO fairq_queues (name, config, created_at) VALUES (?, ?, ?)",
+            (name, orjson.dumps(config.to_dict()).decode(), self.now),
+        )
+        self.configs_changed()
+        q = QueueRow(int(cur.lastrowid or 0), name, config)
+        self.store.by_name[name] = q
+        self.store.by_id[q.id] = q
+        return q
+
+    def configs_changed(self) -> None:
+        self.conn.execute("UPDATE fairq_meta SET value = value + 1 WHERE key = 'config_version'")
+        (version,) = self.conn.execute(
+            "SELECT value FROM fairq_meta WHERE key = 'config_version'"
+        ).fetchone()
+        self.store.forget_queues()
+        self.store.config_version = version
+
+    # -- topics ------------------------------------------------------------------------
+    def find_topic(self, name: str) -> TopicRow | None:
+        topic = self.store.topics.get(name)
+        if topic is not None:
+            return topic
+        row = self.conn.execute(
+            "SELECT id, config FROM fairq_topics WHERE name = ?", (name,)
+        ).fetchone()
+        if row is None:
+            return None
+        subs = {
+            s[0]: Subscription(
+                name, s[0], s[1], None if s[2] is None else orjson.loads(s[2]), s[3], s[4]
+            )
+            for s in self.conn.execute(
+                "SELECT s.name, q.name, s.filter, s.routing, s.push FROM fairq_subscriptions s "
+                "JOIN fairq_queues q ON q.id = s.queue_id WHERE s.topic_id = ?",
+                (row[0],),
+            )
+        }
+        topic = TopicRow(row[0], name, TopicConfig(**orjson.loads(row[1])), subs)
+        self.store.topics[name] = topic
+        return topic
+
+    def topic(self, name: str) -> TopicRow:
+        topic = self.find_topic(name)
+        if topic is None:
+            raise TopicNotFound(name)
+        return topic

@@ -1,0 +1,367 @@
+"""Publish/subscribe: topics, durable subscriptions, and ephemeral listeners.
+
+A topic copies every message it publishes into each subscription whose filter policy
+(Amazon SNS style, :mod:`fairq.filters`) and routing pattern (AMQP topic exchange,
+:mod:`fairq.routing`) match. A subscription IS a queue, named ``<topic>.<subscription>``:
+consumers compete inside it, and leases, retries, dead letters and stats all apply.
+The copies of one publish are stored in one atomic backend step: all or none.
+
+``Topic.listen()`` is the ephemeral kind: it gets what is published while it listens,
+nothing is stored for it, and a slow listener loses the oldest messages past its buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import weakref
+from collections import deque
+from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .errors import InvalidMessage, InvalidOption
+from .filters import Filter, compile_filter
+from .message import Outgoing, Received, check_name
+from .queue import Envelope, Queue, make_envelope, wait_for_room
+from .routing import RoutingIndex, check_pattern, check_routing_key, topic_matches
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+
+__all__ = [
+    "Listener",
+    "PublishResult",
+    "Subscription",
+    "SubscriptionIndex",
+    "Topic",
+    "TopicConfig",
+    "TopicStats",
+]
+
+DEFAULT_LISTEN_BUFFER = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class TopicConfig:
+    """Options of a topic: ``dedup_window`` seconds during which a repeated ``dedup_id``
+    publishes nothing and returns the first publish's result."""
+
+    dedup_window: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class Subscription:
+    """A subscription as the backend stores it. ``queue`` is ``<topic>.<name>``;
+    ``filter`` is the policy as given (compiled where it is used), ``routing`` an AMQP
+    topic pattern (None: every routing key), ``push`` an endpoint URL (None: pull)."""
+
+    topic: str
+    name: str
+    queue: str
+    filter: Mapping[str, Any] | None = None
+    routing: str | None = None
+    push: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """What a publish did: the publication's id and the subscriptions that got a copy."""
+
+    message_id: str
+    subscriptions: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicStats:
+    """A topic's counters since it was declared: messages published, copies stored,
+    publishes that matched no subscription, and the subscriptions it has now."""
+
+    published: int = 0
+    copies: int = 0
+    unmatched: int = 0
+    subscriptions: int = 0
+
+
+class SubscriptionIndex:
+    """Which subscriptions of a topic a message goes to, at a cost that does not grow with
+    the number of subscriptions for exact routing keys and simple patterns: a trie over
+    routing words narrows the candidates, then only their filters are evaluated."""
+
+    def __init__(self, subscriptions: Iterable[Subscription]) -> None:
+        self._routes: RoutingIndex[str] = RoutingIndex()
+        self._filters: dict[str, Filter] = {}
+        for s in subscriptions:
+            self._routes.add(s.routing, s.name)
+            if s.filter is not None:
+                self._filters[s.name] = compile_filter(s.filter)
+
+    def match(self, routing_key: str, attributes: Mapping[str, str]) -> list[str]:
+        """Names of the matching subscriptions, sorted."""
+        out = []
+        for name in self._routes.match(routing_key):
+            f = self._filters.get(name)
+            if f is None or f.matches(attributes):
+                out.append(name)
+        out.sort()
+        return out
+
+
+def check_subscription(topic: str, name: str, filter: Any, routing: Any, push: Any) -> Subscription:
+    """Validate a subscription before the backend sees it (``InvalidFilter`` for a bad
+    filter policy or routing pattern)."""
+    check_name(name, "subscription")
+    compile_filter(filter)
+    if routing is not None:
+        if not isinstance(routing, str):
+            raise InvalidOption(f"routing must be a string pattern or None, got {routing!r}")
+        check_pattern(routing)
+    if push is not None and (
+        not isinstance(push, str) or not push.startswith(("http://", "https://"))
+    ):
+        raise InvalidOption(f"push must be an http:// or https:// URL, got {push!r}")
+    queue = check_name(f"{topic}.{name}", "subscription queue")
+    return Subscription(topic, name, queue, filter, routing, push)
+
+
+# -- ephemeral listeners -------------------------------------------------------------------
+class Listener:
+    """An ephemeral, at-most-once subscription: an async iterator of what is published to
+    its topic while it listens. Nothing is stored for it; when it falls more than
+    ``buffer`` messages behind, the oldest are dropped and counted in ``dropped``."""
+
+    def __init__(
+        self,
+        hub: _Hub,
+        topic: str,
+        routing: str | None,
+        filter: Mapping[str, Any] | None,
+        buffer: int,
+    ) -> None:
+        if routing is not None:
+            check_pattern(routing)
+        if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
+            raise InvalidOption(f"buffer must be a positive integer, got {buffer!r}")
+        self.topic = topic
+        self.routing = routing
+        self._filter = compile_filter(filter)
+        self._buffer: deque[Received] = deque()
+        self._limit = buffer
+        self._ready = asyncio.Event()
+        self._hub = hub
+        self._closed = False
+        self.received = 0
+        self.dropped = 0
+        hub.add(self)
+
+    def _offer(self, routing_key: str, message: Received) -> None:
+        if self._closed:
+            return
+        if self.routing is not None and not topic_matches(self.routing, routing_key):
+            return
+        if not self._filter.matches(message.attributes):
+            return
+        if len(self._buffer) >= self._limit:
+            self._buffer.popleft()
+            self.dropped += 1
+        self._buffer.append(message)
+        self._ready.set()
+
+    def __aiter__(self) -> AsyncIterator[Received]:
+        return self
+
+    async def __anext__(self) -> Received:
+        while not self._buffer:
+            if self._closed:
+                raise StopAsyncIteration
+            self._ready.clear()
+            await self._ready.wait()
+        self.received += 1
+        return self._buffer.popleft()
+
+    async def get(self, timeout: float | None = None) -> Received | None:
+        """The next message, or None after ``timeout`` seconds (or once closed)."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
+        except (TimeoutError, StopAsyncIteration):
+            return None
+
+    async def close(self) -> None:
+        """Stop listening; iteration ends once the buffer is drained."""
+        self._closed = True
+        self._hub.remove(self)
+        self._ready.set()
+
+    async def __aenter__(self) -> Listener:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class _Hub:
+    """The listeners of one store within this process."""
+
+    def __init__(self) -> None:
+        self.by_topic: dict[str, weakref.WeakSet[Listener]] = {}
+
+    def add(self, listener: Listener) -> None:
+        self.by_topic.setdefault(listener.topic, weakref.WeakSet()).add(listener)
+
+    def remove(self, listener: Listener) -> None:
+        listeners = self.by_topic.get(listener.topic)
+        if listeners is not None:
+            listeners.discard(listener)
+
+    def deliver(self, topic: str, items: Sequence[tuple[Envelope, str]]) -> None:
+        listeners = self.by_topic.get(topic)
+        if not listeners:
+            return
+        for env, message_id in items:
+            for listener in list(listeners):
+                message = Received(
+                    message_id,
+                    env.body,
+                    dict(env.attributes),
+                    0,
+                    0.0,
+                    env.priority,
+                    env.group,
+                    "",
+                    topic,
+                )
+                listener._offer(env.routing_key, message)
+
+
+_HUBS: dict[Hashable, _Hub] = {}
+
+
+def hub_for(backend: Backend) -> _Hub:
+    """The listener hub shared by every broker of this process on the same store."""
+    scope = backend.listen_scope()
+    hub = _HUBS.get(scope)
+    if hub is None:
+        hub = _HUBS[scope] = _Hub()
+    return hub
+
+
+# -- the handle ----------------------------------------------------------------------------
+class Topic:
+    """A handle to one topic; ``broker.topic(name)`` makes one without a round trip."""
+
+    __slots__ = ("_backend", "_max_bytes", "name")
+
+    def __init__(self, backend: Backend, name: str, max_message_bytes: int) -> None:
+        self.name = check_name(name, "topic")
+        self._backend = backend
+        self._max_bytes = max_message_bytes
+
+    def __repr__(self) -> str:
+        return f"Topic({self.name!r})"
+
+    async def subscribe(
+        self,
+        name: str,
+        filter: Mapping[str, Any] | None = None,
+        routing: str | None = None,
+        push: str | None = None,
+        **queue_options: Any,
+    ) -> Queue:
+        """Create (or update) subscription ``name``; return its queue ``<topic>.<name>``.
+
+        ``filter`` is an SNS-style attribute filter policy, ``routing`` an AMQP topic
+        pattern (``order.*.br``, ``order.#``; an exact key is direct routing); with
+        neither, every message is copied (fanout). ``push`` makes the worker runtime POST
+        each message to that URL instead of waiting for pulls. ``queue_options`` are those
+        of ``declare_queue`` (visibility_timeout, max_attempts, dead_letter, ...). The
+        subscription sees only messages published after it was created.
+        """
+        sub = check_subscription(self.name, name, filter, routing, push)
+        from .broker import queue_config_from_options
+
+        config = queue_config_from_options(sub.queue, queue_options)
+        await self._backend.subscribe(sub, config)
+        return Queue(self._backend, sub.queue, self._max_bytes)
+
+    async def unsubscribe(self, name: str) -> bool:
+        """Remove a subscription and delete its queue; False if there was none."""
+        check_name(name, "subscription")
+        return await self._backend.unsubscribe(self.name, name)
+
+    async def subscriptions(self) -> list[Subscription]:
+        """The topic's subscriptions, sorted by name."""
+        return await self._backend.subscriptions(self.name)
+
+    async def publish(
+        self,
+        body: object,
+        attributes: Mapping[str, str] | None = None,
+        routing_key: str = "",
+        dedup_id: str | None = None,
+        delay: float = 0.0,
+        timeout: float | None = None,
+    ) -> PublishResult:
+        """Copy a message into every matching subscription, atomically (all or none).
+
+        A repeated ``dedup_id`` within the topic's ``dedup_window`` publishes nothing and
+        returns the first result. ``timeout`` bounds the wait when a subscription queue is
+        full with ``overflow="block"``.
+        """
+        (result,) = await self.publish_batch(
+            [Outgoing(body, attributes, delay=delay, dedup_id=dedup_id, routing_key=routing_key)],
+            timeout=timeout,
+        )
+        return result
+
+    async def publish_batch(
+        self, messages: Iterable[Outgoing], timeout: float | None = None
+    ) -> list[PublishResult]:
+        """Publish many messages in one atomic step (each ``Outgoing`` may carry its own
+        ``routing_key``); return one result per message."""
+        envs = []
+        for m in messages:
+            if not isinstance(m, Outgoing):
+                raise InvalidMessage(
+                    f"publish_batch takes fairq.Outgoing items, got {type(m).__name__}"
+                )
+            if m.group is not None or m.priority:
+                raise InvalidMessage("publish does not take group or priority (queues do)")
+            env = make_envelope(m.body, m.attributes, m.delay, 0, None, m.dedup_id, self._max_bytes)
+            env.routing_key = check_routing_key(m.routing_key)
+            envs.append(env)
+        if not envs:
+            return []
+        results = await wait_for_room(
+            self._backend, None, timeout, lambda: self._backend.publish(self.name, envs)
+        )
+        hub = _HUBS.get(self._backend.listen_scope())
+        if hub is not None:
+            hub.deliver(self.name, [(e, r.message_id) for e, r in zip(envs, results, strict=True)])
+        return results
+
+    def listen(
+        self,
+        routing: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        buffer: int = DEFAULT_LISTEN_BUFFER,
+    ) -> Listener:
+        """Listen to what is published to this topic from now on (this process, memory
+        and SQLite; across processes through the server's stream endpoint).
+
+        ``async for msg in topic.listen(): ...`` — at-most-once, nothing stored.
+        """
+        return Listener(hub_for(self._backend), self.name, routing, filter, buffer)
+
+    async def stats(self) -> TopicStats:
+        """The topic's counters."""
+        return await self._backend.topic_stats(self.name)
+
+    async def config(self) -> TopicConfig:
+        """The options the topic is declared with."""
+        return await self._backend.topic_config(self.name)
