@@ -48,8 +48,8 @@ async def endpoint() -> AsyncIterator[tuple[str, Endpoint]]:
     app = Starlette(routes=[Route("/hook", handler.__call__, methods=["POST"])])
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
     task = asyncio.create_task(server.serve())
-    while not server.started:  # uvicorn offers no event to wait on
-        await asyncio.sleep(0.01)  # noqa: ASYNC110
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.01)
     port = server.servers[0].sockets[0].getsockname()[1]
     yield f"http://127.0.0.1:{port}/hook", handler
     server.should_exit = True
