@@ -88,9 +88,12 @@ class SubscriptionIndex:
     the number of subscriptions for exact routing keys and simple patterns: a trie over
     routing words narrows the candidates, then only their filters are evaluated."""
 
+    _CACHE = 4096  # routing keys remembered (a publisher uses few distinct keys)
+
     def __init__(self, subscriptions: Iterable[Subscription]) -> None:
         self._routes: RoutingIndex[str] = RoutingIndex()
         self._filters: dict[str, Filter] = {}
+        self._by_key: dict[str, list[str]] = {}
         for s in subscriptions:
             self._routes.add(s.routing, s.name)
             if s.filter is not None:
@@ -98,13 +101,15 @@ class SubscriptionIndex:
 
     def match(self, routing_key: str, attributes: Mapping[str, str]) -> list[str]:
         """Names of the matching subscriptions, sorted."""
-        out = []
-        for name in self._routes.match(routing_key):
-            f = self._filters.get(name)
-            if f is None or f.matches(attributes):
-                out.append(name)
-        out.sort()
-        return out
+        routed = self._by_key.get(routing_key)
+        if routed is None:
+            if len(self._by_key) >= self._CACHE:
+                self._by_key.clear()
+            routed = self._by_key[routing_key] = sorted(self._routes.match(routing_key))
+        filters = self._filters
+        if not filters:
+            return list(routed)
+        return [n for n in routed if (f := filters.get(n)) is None or f.matches(attributes)]
 
 
 def check_subscription(topic: str, name: str, filter: Any, routing: Any, push: Any) -> Subscription:

@@ -27,6 +27,7 @@ from ..queue import Envelope, QueueConfig, QueueStats
 __all__ = [
     "DEAD_LETTER_REASONS",
     "Backend",
+    "CopyPlan",
     "DedupPlan",
     "Wakeups",
     "check_priorities",
@@ -122,25 +123,39 @@ def plan_dedup(envelopes: list[Envelope], sent_before: Callable[[str], int | Non
     return DedupPlan(fresh, slots, first)
 
 
+@dataclass(slots=True)
+class CopyPlan:
+    """What one publish stores: ``copies[i]`` is the copy of new publication ``i`` (with
+    ``fairq.routing_key`` added when there is one), ``per_queue`` the indices of the
+    copies each subscription queue gets, ``matched[i]`` the subscriptions of publication i."""
+
+    copies: list[Envelope]
+    per_queue: dict[str, list[int]]
+    matched: list[list[str]]
+
+
 def publish_plan(
     index: SubscriptionIndex, subscriptions: Mapping[str, Subscription], fresh: list[Envelope]
-) -> tuple[dict[str, list[Envelope]], list[list[str]]]:
-    """For each new publication, the subscriptions it matches; and the copies to store,
-    grouped by subscription queue. A copy carries ``fairq.routing_key`` when there is one."""
-    per_queue: dict[str, list[Envelope]] = {}
+) -> CopyPlan:
+    """Match each new publication against the topic's subscriptions."""
+    per_queue: dict[str, list[int]] = {}
     matched: list[list[str]] = []
-    for env in fresh:
+    copies: list[Envelope] = []
+    for i, env in enumerate(fresh):
         names = index.match(env.routing_key, env.attributes)
         matched.append(names)
-        if not names:
-            continue
         attrs = env.attributes
         if env.routing_key:
             attrs = {**attrs, "fairq.routing_key": env.routing_key}
-        copy = Envelope(env.body, attrs, env.delay)
+        copies.append(Envelope(env.body, attrs, env.delay))
         for name in names:
-            per_queue.setdefault(subscriptions[name].queue, []).append(copy)
-    return per_queue, matched
+            queue = subscriptions[name].queue
+            got = per_queue.get(queue)
+            if got is None:
+                per_queue[queue] = [i]
+            else:
+                got.append(i)
+    return CopyPlan(copies, per_queue, matched)
 
 
 def publish_results(

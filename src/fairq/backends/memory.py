@@ -583,11 +583,12 @@ class MemoryBackend(Backend):
             return hit[0]
 
         plan = plan_dedup(envelopes, sent_before)
-        per_queue, matched = publish_plan(t.index(), t.subs, plan.fresh)
+        copy_plan = publish_plan(t.index(), t.subs, plan.fresh)
+        matched = copy_plan.matched
         # check every subscription queue before changing any: all copies or none
         sends = [
-            (q, *self._plan_send(q, copies, now))
-            for q, copies in ((self._q(name), copies) for name, copies in per_queue.items())
+            (q, *self._plan_send(q, [copy_plan.copies[i] for i in indices], now))
+            for q, indices in ((self._q(n), ix) for n, ix in copy_plan.per_queue.items())
         ]
         for q, send_plan, victims in sends:
             self._apply_send(q, send_plan, victims, now)

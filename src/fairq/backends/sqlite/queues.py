@@ -18,7 +18,13 @@ import orjson
 from ...errors import LeaseLost, QueueFull
 from ...message import Received, format_id, id_time, parse_receipt
 from ...queue import Envelope, QueueConfig, QueueStats
-from ..base import check_priorities, dead_letter_attributes, plan_dedup, redrive_attributes
+from ..base import (
+    CopyPlan,
+    check_priorities,
+    dead_letter_attributes,
+    plan_dedup,
+    redrive_attributes,
+)
 from .txn import QueueRow, Row, Txn, chunks, marks
 
 READY, WAITING, BLOCKED = 0, 1, 2
@@ -49,10 +55,19 @@ def _blob(attrs: dict[str, str]) -> bytes | None:
 
 
 # -- message moves -------------------------------------------------------------------------
-def _insert(
-    t: Txn, q: QueueRow, items: Sequence[tuple[bytes, bytes | None, float, int, str | None]]
-) -> list[int]:
-    """Store new messages in ``q``; ``items`` are (body, attrs blob, delay, priority, group)."""
+Item = tuple[bytes, bytes | None, float, int, str | None]  # body, attrs blob, delay, prio, group
+
+
+def _insert(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
+    """Store new messages in ``q``; return their ids."""
+    ids, rows = _rows(t, q, items)
+    t.conn.executemany(_INSERT, rows)
+    return ids
+
+
+def _rows(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], list[Row]]:
+    """The rows of new messages for ``q`` (FIFO heads and counters already updated); the
+    caller inserts them, so copies for many queues can go in one statement."""
     now = t.now
     qid = q.id
     ids = t.allocate(len(items))
@@ -96,12 +111,11 @@ def _insert(
                     rows.append((mid, qid, READY, prio, now, 0, None, grp, body, attrs))
                     visible += 1
             headed[grp] = True
-    t.conn.executemany(_INSERT, rows)
     t.add(qid, "visible", visible)
     t.add(qid, "delayed", delayed)
     t.add(qid, "sent", len(rows))
     t.op_notify.add(q.name)
-    return list(ids)
+    return list(ids), rows
 
 
 def _advance_group(t: Txn, q: QueueRow, grp: str) -> None:
@@ -321,6 +335,46 @@ def list_queues(t: Txn, prefix: str) -> list[str]:
     ]
 
 
+def make_room(t: Txn, q: QueueRow, n: int) -> None:
+    """Make sure ``n`` new messages fit in bounded queue ``q``: drop the oldest visible ones
+    (``drop_oldest``) or raise ``QueueFull`` carrying the overflow mode."""
+    cfg = q.config
+    if not n or cfg.max_length is None:
+        return
+    if n > cfg.max_length:
+        raise QueueFull(q.name, cfg.max_length, "the batch is larger than max_length")
+    t.flush()
+    (depth,) = t.conn.execute(
+        "SELECT visible + delayed + in_flight FROM fairq_queues WHERE id = ?", (q.id,)
+    ).fetchone()
+    need = depth + n - cfg.max_length
+    if need <= 0:
+        return
+    if cfg.overflow != "drop_oldest":
+        raise QueueFull(q.name, cfg.max_length, "", cfg.overflow)
+    victims = t.conn.execute(
+        "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state != 1 "
+        "ORDER BY id LIMIT ?",
+        (q.id, need),
+    ).fetchall()
+    if len(victims) < need:
+        raise QueueFull(q.name, cfg.max_length, "no visible message can be dropped", "drop_oldest")
+    _dead_letter(t, q, victims, "overflow")
+
+
+def store_copies(t: Txn, plan: CopyPlan) -> None:
+    """Store published copies in their subscription queues — room is made in every queue
+    first (or ``QueueFull`` raised, changing nothing), then one insert for all."""
+    targets = [(t.queue(name), indices) for name, indices in plan.per_queue.items()]
+    for q, indices in targets:
+        make_room(t, q, len(indices))
+    items = [(c.body, _blob(c.attributes), c.delay, 0, None) for c in plan.copies]
+    rows: list[Row] = []
+    for q, indices in targets:
+        rows += _rows(t, q, [items[i] for i in indices])[1]
+    t.conn.executemany(_INSERT, rows)
+
+
 def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
     q = t.queue(name)
     cfg = q.config
@@ -337,27 +391,7 @@ def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
 
     plan = plan_dedup(envs, sent_before)  # duplicates take no room and store nothing
     fresh = plan.fresh
-    if fresh and cfg.max_length is not None:
-        if len(fresh) > cfg.max_length:
-            raise QueueFull(name, cfg.max_length, "the batch is larger than max_length")
-        t.flush()
-        (depth,) = conn.execute(
-            "SELECT visible + delayed + in_flight FROM fairq_queues WHERE id = ?", (q.id,)
-        ).fetchone()
-        need = depth + len(fresh) - cfg.max_length
-        if need > 0:
-            if cfg.overflow != "drop_oldest":
-                raise QueueFull(name, cfg.max_length, "", cfg.overflow)
-            victims = conn.execute(
-                "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state != 1 "
-                "ORDER BY id LIMIT ?",
-                (q.id, need),
-            ).fetchall()
-            if len(victims) < need:
-                raise QueueFull(
-                    name, cfg.max_length, "no visible message can be dropped", "drop_oldest"
-                )
-            _dead_letter(t, q, victims, "overflow")
+    make_room(t, q, len(fresh))
     made = _insert(
         t, q, [(e.body, _blob(e.attributes), e.delay, e.priority, e.group) for e in fresh]
     )

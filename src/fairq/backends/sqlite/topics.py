@@ -116,9 +116,9 @@ def publish(t: Txn, topic_name: str, envs: list[Envelope]) -> list[PublishResult
         return int(hit[0])
 
     plan = plan_dedup(envs, sent_before)
-    per_queue, matched = publish_plan(topic.index(), topic.subs, plan.fresh)
-    for queue_name, queue_copies in per_queue.items():
-        queues.send(t, queue_name, queue_copies)  # QueueFull here rolls the whole publish back
+    copy_plan = publish_plan(topic.index(), topic.subs, plan.fresh)
+    matched = copy_plan.matched
+    queues.store_copies(t, copy_plan)  # QueueFull here rolls the whole publish back
     made = list(t.allocate(len(plan.fresh))) if plan.fresh else []
     if plan.first and topic.config.dedup_window > 0:
         expires = now + topic.config.dedup_window
