@@ -368,10 +368,32 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
     targets = [(t.queue(name), indices) for name, indices in plan.per_queue.items()]
     for q, indices in targets:
         make_room(t, q, len(indices))
-    items = [(c.body, _blob(c.attributes), c.delay, 0, None) for c in plan.copies]
+    copies = plan.copies
+    blobs = [_blob(c.attributes) for c in copies]
     rows: list[Row] = []
+    now = t.now
+    ids = iter(t.allocate(sum(len(indices) for _, indices in targets)))
     for q, indices in targets:
-        rows += _rows(t, q, [items[i] for i in indices])[1]
+        if q.config.fifo:
+            items = [(copies[i].body, blobs[i], copies[i].delay, 0, None) for i in indices]
+            rows += _rows(t, q, items)[1]
+            continue
+        qid = q.id
+        delayed = 0
+        for i in indices:
+            c = copies[i]
+            if c.delay > 0:
+                rows.append(
+                    (next(ids), qid, WAITING, 0, now + c.delay, 0, None, None, c.body, blobs[i])
+                )
+                t.waiting_until(now + c.delay)
+                delayed += 1
+            else:
+                rows.append((next(ids), qid, READY, 0, now, 0, None, None, c.body, blobs[i]))
+        t.add(qid, "visible", len(indices) - delayed)
+        t.add(qid, "delayed", delayed)
+        t.add(qid, "sent", len(indices))
+        t.op_notify.add(q.name)
     t.conn.executemany(_INSERT, rows)
 
 

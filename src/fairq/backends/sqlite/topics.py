@@ -83,6 +83,10 @@ def subscribe(t: Txn, sub: Subscription, config: QueueConfig) -> None:
         ),
     )
     t.configs_changed()
+    # keep the loaded topic (it may hold thousands of subscriptions): change it in place
+    topic.subs[sub.name] = sub
+    topic._index = None
+    t.store.topics[topic.name] = topic
 
 
 def unsubscribe(t: Txn, topic_name: str, name: str) -> bool:

@@ -190,11 +190,18 @@ class Txn:
             d[column] = d.get(column, 0) + n
 
     def flush(self) -> None:
-        """Write this operation's counter deltas (inside its savepoint)."""
+        """Write this operation's counter deltas (inside its savepoint): one statement per
+        set of counters, for however many queues changed them."""
+        by_columns: dict[tuple[str, ...], list[list[int]]] = {}
         for qid, d in self._deltas.items():
-            cols = list(d)
+            by_columns.setdefault(tuple(d), []).append([*d.values(), qid])
+        for cols, rows in by_columns.items():
             sets = ", ".join(f"{c} = {c} + ?" for c in cols)
-            self.conn.execute(f"UPDATE fairq_queues SET {sets} WHERE id = ?", [*d.values(), qid])
+            sql = f"UPDATE fairq_queues SET {sets} WHERE id = ?"
+            if len(rows) == 1:
+                self.conn.execute(sql, rows[0])
+            else:
+                self.conn.executemany(sql, rows)
         self._deltas.clear()
 
     def op_done(self) -> None:
