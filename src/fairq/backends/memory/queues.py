@@ -1,4 +1,4 @@
-"""``memory://``: every queue in this process's memory; for tests and single-process use.
+"""The memory backend's queues: messages, leases, delivery order, dead letters.
 
 Nothing survives the process. Each backend method runs without awaiting in between, so
 each is one atomic step, as on the durable engines. Heaps hold the delivery order
@@ -13,30 +13,25 @@ import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from ..clock import Clock
-from ..errors import (
+from ...clock import Clock
+from ...errors import (
     BackendError,
-    ConfigConflict,
     LeaseLost,
     QueueFull,
     QueueNotFound,
-    TopicNotFound,
 )
-from ..message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
-from ..pubsub import PublishResult, Subscription, SubscriptionIndex, TopicConfig, TopicStats
-from ..queue import Envelope, QueueConfig, QueueStats
-from .base import (
+from ...message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
+from ...queue import Envelope, QueueConfig, QueueStats
+from ..base import (
     Backend,
     DedupPlan,
     check_priorities,
     dead_letter_attributes,
     plan_dedup,
-    publish_plan,
-    publish_results,
     redrive_attributes,
 )
 
-__all__ = ["MemoryBackend"]
+__all__ = ["MemoryQueues"]
 
 READY, WAITING, BLOCKED = 0, 1, 2  # BLOCKED: behind its FIFO group's head
 
@@ -76,36 +71,18 @@ class _Queue:
     deleted: bool = False
 
 
-@dataclass(slots=True, eq=False)
-class _Topic:
-    name: str
-    config: TopicConfig
-    subs: dict[str, Subscription] = field(default_factory=dict)
-    dedup: dict[str, tuple[int, list[str], float]] = field(default_factory=dict)
-    published: int = 0
-    copies: int = 0
-    unmatched: int = 0
-    _index: SubscriptionIndex | None = None
-
-    def index(self) -> SubscriptionIndex:
-        if self._index is None:
-            self._index = SubscriptionIndex(self.subs.values())
-        return self._index
-
-
 def _category(m: _Msg) -> str:
     if m.state == WAITING:
         return "in_flight" if m.lease else "delayed"
     return "visible"
 
 
-class MemoryBackend(Backend):
-    """All state in this process; see the module docstring."""
+class MemoryQueues(Backend):
+    """Queues in this process's memory; the base of the other memory capabilities."""
 
     def __init__(self, clock: Clock) -> None:
         super().__init__(clock)
         self._queues: dict[str, _Queue] = {}
-        self._topics: dict[str, _Topic] = {}
         self._waiting: list[tuple[float, int, int, _Msg]] = []
         self._last_id = 0
         self._rng = random.Random()
@@ -266,16 +243,16 @@ class MemoryBackend(Backend):
         q = self._queues.pop(name, None)
         if q is None:
             return False
-        for t in self._topics.values():
-            for sub_name in [n for n, s in t.subs.items() if s.queue == name]:
-                del t.subs[sub_name]
-                t._index = None
+        self._queue_deleted(name)
         q.deleted = True
         for m in q.msgs.values():
             m.version += 1
             m.state = -1
         self.wakeups.notify([name])
         return True
+
+    def _queue_deleted(self, name: str) -> None:
+        """Hook for the capabilities built on queues (a subscription loses its queue)."""
 
     async def list_queues(self, prefix: str = "") -> list[str]:
         self._open()
@@ -510,103 +487,6 @@ class MemoryBackend(Backend):
             moved += 1
         self.wakeups.notify([queue])
         return moved
-
-    # -- topics ----------------------------------------------------------------------------
-    def _topic(self, name: str) -> _Topic:
-        self._open()
-        t = self._topics.get(name)
-        if t is None:
-            raise TopicNotFound(name)
-        return t
-
-    async def declare_topic(self, name: str, config: TopicConfig) -> None:
-        self._open()
-        t = self._topics.get(name)
-        if t is None:
-            self._topics[name] = _Topic(name, config)
-        else:
-            t.config = config
-
-    async def topic_config(self, name: str) -> TopicConfig:
-        return self._topic(name).config
-
-    async def delete_topic(self, name: str) -> bool:
-        self._open()
-        t = self._topics.pop(name, None)
-        if t is None:
-            return False
-        for s in t.subs.values():
-            await self.delete_queue(s.queue)
-        return True
-
-    async def list_topics(self, prefix: str = "") -> list[str]:
-        self._open()
-        return sorted(n for n in self._topics if n.startswith(prefix))
-
-    async def subscribe(self, subscription: Subscription, config: QueueConfig) -> None:
-        t = self._topic(subscription.topic)
-        existing = self._queues.get(subscription.queue)
-        if existing is not None and subscription.name not in t.subs:
-            raise ConfigConflict(
-                f"queue {subscription.queue!r} already exists and is not the queue of "
-                f"subscription {subscription.name!r}"
-            )
-        if existing is not None:
-            existing.config.check_change(subscription.queue, config)
-        await self.declare_queue(subscription.queue, config)
-        t.subs[subscription.name] = subscription
-        t._index = None
-
-    async def unsubscribe(self, topic: str, name: str) -> bool:
-        t = self._topic(topic)
-        s = t.subs.get(name)
-        if s is None:
-            return False
-        await self.delete_queue(s.queue)
-        return True
-
-    async def subscriptions(self, topic: str) -> list[Subscription]:
-        t = self._topic(topic)
-        return [t.subs[n] for n in sorted(t.subs)]
-
-    async def publish(self, topic: str, envelopes: list[Envelope]) -> list[PublishResult]:
-        now = self.clock.now()
-        self._sweep(now)
-        t = self._topic(topic)
-        earlier: dict[int, list[str]] = {}
-
-        def sent_before(dedup_id: str) -> int | None:
-            hit = t.dedup.get(dedup_id)
-            if hit is None or hit[2] <= now:
-                return None
-            earlier[hit[0]] = hit[1]
-            return hit[0]
-
-        plan = plan_dedup(envelopes, sent_before)
-        copy_plan = publish_plan(t.index(), t.subs, plan.fresh)
-        matched = copy_plan.matched
-        # check every subscription queue before changing any: all copies or none
-        sends = [
-            (q, *self._plan_send(q, [copy_plan.copies[i] for i in indices], now))
-            for q, indices in ((self._q(n), ix) for n, ix in copy_plan.per_queue.items())
-        ]
-        for q, send_plan, victims in sends:
-            self._apply_send(q, send_plan, victims, now)
-        made = [self._new_id(now) for _ in plan.fresh]
-        if plan.first and t.config.dedup_window > 0:
-            expires = now + t.config.dedup_window
-            for dedup_id, i in plan.first.items():
-                t.dedup[dedup_id] = (made[i], matched[i], expires)
-            if len(t.dedup) > 4096:
-                t.dedup = {k: v for k, v in t.dedup.items() if v[2] > now}
-        t.published += len(plan.fresh)
-        t.copies += sum(len(names) for names in matched)
-        t.unmatched += sum(1 for names in matched if not names)
-        return publish_results(plan, made, matched, earlier)
-
-    async def topic_stats(self, topic: str) -> TopicStats:
-        t = self._topic(topic)
-        return TopicStats(t.published, t.copies, t.unmatched, len(t.subs))
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

@@ -1,0 +1,16 @@
+"""``memory://``: everything in this process's memory; for tests and single-process use.
+
+Nothing survives the process. Each backend method runs without awaiting in between, so
+each is one atomic step, as on the durable engines. Each capability lives in its own
+module and class, stacked into :class:`MemoryBackend`.
+"""
+
+from __future__ import annotations
+
+from .topics import MemoryTopics
+
+__all__ = ["MemoryBackend"]
+
+
+class MemoryBackend(MemoryTopics):
+    """All state in this process; see the module docstring."""
