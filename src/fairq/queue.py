@@ -295,6 +295,13 @@ class Queue:
         return await self._send(envs, timeout)
 
     async def _send(self, envs: list[Envelope], timeout: float | None) -> list[str]:
+        if timeout is not None:
+            _number("timeout", timeout)
+        try:  # the common case: no bounded queue in the way, no wake-up token needed
+            return await self._backend.send(self.name, envs)
+        except QueueFull as full:
+            if full.overflow != "block":
+                raise
         return await wait_for_room(
             self._backend, self.name, timeout, lambda: self._backend.send(self.name, envs)
         )

@@ -223,8 +223,13 @@ class SQLiteBackend(Backend):
         fut: asyncio.Future[T] = loop.create_future()
         self._pending.append((fn, args, fut))
         if not self._scheduled:
-            self._scheduled = True
-            loop.call_soon(self._flush)
+            if not getattr(loop, "_ready", True) and len(self._pending) == 1:
+                # nothing else is ready to run in this pass of the loop, so nothing could
+                # join this transaction: run it now instead of one loop pass later
+                self._flush()
+            else:
+                self._scheduled = True
+                loop.call_soon(self._flush)
         return fut
 
     def _flush(self) -> None:

@@ -61,7 +61,10 @@ Item = tuple[bytes, bytes | None, float, int, str | None]  # body, attrs blob, d
 def _insert(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
     """Store new messages in ``q``; return their ids."""
     ids, rows = _rows(t, q, items)
-    t.conn.executemany(_INSERT, rows)
+    if len(rows) == 1:
+        t.conn.execute(_INSERT, rows[0])
+    else:
+        t.conn.executemany(_INSERT, rows)
     return ids
 
 
