@@ -29,6 +29,14 @@ from .errors import (
     TopicNotFound,
     Unsupported,
 )
+from .idempotency import (
+    Claim,
+    ClaimLost,
+    IdempotencyRecord,
+    IdempotencyStore,
+    IdempotentBy,
+    VersionGate,
+)
 from .message import Outgoing, Received
 from .pubsub import Listener, PublishResult, Subscription, Topic, TopicStats
 from .queue import Queue, QueueConfig, QueueStats
@@ -41,10 +49,15 @@ __all__ = [
     "BackendError",
     "Backoff",
     "Broker",
+    "Claim",
+    "ClaimLost",
     "Clock",
     "ConfigConflict",
     "ConnectionError",
     "FairqError",
+    "IdempotencyRecord",
+    "IdempotencyStore",
+    "IdempotentBy",
     "InvalidFilter",
     "InvalidMessage",
     "InvalidName",
@@ -68,6 +81,7 @@ __all__ = [
     "TopicNotFound",
     "TopicStats",
     "Unsupported",
+    "VersionGate",
     "Worker",
     "__version__",
     "connect",

@@ -22,6 +22,7 @@ from urllib.parse import parse_qsl, urlsplit
 from .backends.base import Backend
 from .clock import Clock, SystemClock
 from .errors import ConnectionError, InvalidOption
+from .idempotency import IdempotencyStore, VersionGate
 from .message import check_name
 from .pubsub import Topic, TopicConfig
 from .queue import Overflow, Queue, QueueConfig
@@ -248,3 +249,13 @@ class Broker:
         if not isinstance(prefix, str):
             raise InvalidOption(f"prefix must be a string, got {prefix!r}")
         return await self.backend.list_topics(prefix)
+
+    # -- idempotency -----------------------------------------------------------------------
+    def idempotency(self, namespace: str, ttl: float = 86_400.0) -> IdempotencyStore:
+        """The idempotency keys of ``namespace`` (see :mod:`fairq.idempotency`); completed
+        keys are kept, and never re-run, for ``ttl`` seconds."""
+        return IdempotencyStore(self.backend, namespace, ttl)
+
+    def versions(self, namespace: str) -> VersionGate:
+        """The version gate of ``namespace``: the newest version seen per entity."""
+        return VersionGate(self.backend, namespace)

@@ -36,6 +36,7 @@ from typing import Any
 
 from .broker import Broker, connect
 from .errors import FairqError, InvalidOption, LeaseLost, Reject
+from .idempotency import Claim, IdempotencyStore, IdempotentBy, KeyFunction
 from .message import Received, check_name
 from .queue import Queue
 
@@ -76,6 +77,7 @@ class WorkerStats:
     rejected: int = 0
     released: int = 0
     lease_lost: int = 0
+    duplicates: int = 0  # messages acked unhandled: their idempotency key was taken
     per_queue: dict[str, int] = field(default_factory=dict)
 
 
@@ -90,6 +92,8 @@ class _Consumer:
     queue: Queue | None = None
     lease: float = 30.0
     busy: int = 0
+    idempotency: IdempotentBy | None = None
+    claims: IdempotencyStore | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,16 +165,23 @@ class Worker:
         concurrency: int = 8,
         retry: Backoff | None = None,
         visibility_timeout: float | None = None,
+        idempotency: KeyFunction | IdempotentBy | None = None,
     ) -> Callable[[Handler], Handler]:
         """Register the decorated function as the handler of queue ``name``.
 
         At most ``concurrency`` of its messages run at once (and at most the worker's
         ``concurrency`` over all queues). ``visibility_timeout`` overrides the queue's lease
-        length for this worker's receives.
+        length for this worker's receives. ``idempotency`` (a function of the message giving
+        its idempotency key, or an :class:`~fairq.IdempotentBy`) makes the handler run once
+        per key: a message whose key is already claimed or completed is acked unhandled
+        (counted in ``stats.duplicates``); a handler that fails releases its claim so the
+        retry runs.
         """
         check_name(name)
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
+        if idempotency is not None and not isinstance(idempotency, IdempotentBy):
+            idempotency = IdempotentBy(idempotency)
 
         def register(handler: Handler) -> Handler:
             if name in self._consumers:
@@ -182,6 +193,7 @@ class Worker:
                 retry or Backoff(),
                 visibility_timeout,
                 inspect.iscoroutinefunction(handler),
+                idempotency=idempotency,
             )
             return handler
 
@@ -400,8 +412,13 @@ class Worker:
 
     async def _handle(self, run: _Running) -> None:
         c, msg = run.consumer, run.msg
+        claim: Claim | None = None
         try:
             try:
+                if c.idempotency is not None:
+                    first, claim = await self._claim(c, msg)
+                    if not first:
+                        return
                 if c.is_async:
                     await c.handler(msg)
                 else:
@@ -412,8 +429,10 @@ class Worker:
                     )
             except Reject as rej:
                 self.stats.rejected += 1
+                await self._end_claim(claim, done=False)
                 await self._settle(msg.dead_letter(rej.reason), msg)
             except asyncio.CancelledError:
+                await asyncio.shield(self._end_claim(claim, done=False))
                 raise
             except Exception:
                 self.stats.failed += 1
@@ -425,14 +444,54 @@ class Worker:
                     msg.attempt,
                     delay,
                 )
+                await self._end_claim(claim, done=False)  # before the nack: the retry may run
                 await self._settle(msg.nack(delay), msg)
             else:
                 self.stats.acked += 1
                 self.stats.per_queue[c.name] = self.stats.per_queue.get(c.name, 0) + 1
-                await self._settle(msg.ack(), msg)
+                await self._end_claim(claim, done=True)  # before the ack: a crash between
+                await self._settle(msg.ack(), msg)  # the two leaves a duplicate, not a rerun
         finally:
             self._running.pop(msg.receipt, None)
             await self._give_slots(c, 1)
+
+    # -- idempotency -----------------------------------------------------------------------
+    async def _claim(self, c: _Consumer, msg: Received) -> tuple[bool, Claim | None]:
+        """Claim the message's idempotency key, kept alive while its handler runs. False
+        when the key is held or completed: the message is a duplicate, acked here. A
+        message whose key function gives None runs unclaimed."""
+        assert c.idempotency is not None
+        key = c.idempotency.key(msg)
+        if key is None:
+            return True, None
+        if c.claims is None:
+            assert self._broker is not None
+            c.claims = self._broker.idempotency(
+                c.idempotency.namespace or c.name, c.idempotency.ttl
+            )
+        # the holder is the message: its redelivery (its earlier run died) retakes the key
+        claim = await c.claims.claim(key, lease=c.lease, holder=f"{msg.queue}/{msg.id}")
+        if claim is None:
+            self.stats.duplicates += 1
+            log.info("message %s on %s repeats key %r: acked unhandled", msg.id, c.name, key)
+            await self._settle(msg.ack(), msg)
+            return False, None
+        claim.keep_alive()
+        return True, claim
+
+    async def _end_claim(self, claim: Claim | None, *, done: bool) -> None:
+        """Complete (``done``) or release a handler's claim. A failure is logged, not
+        raised: an unreleased claim frees itself when its lease runs out."""
+        if claim is None:
+            return
+        try:
+            if done:
+                await claim.complete()
+            else:
+                await claim.release()
+        except Exception as exc:
+            verb = "complete" if done else "release"
+            log.warning("could not %s the claim of key %r: %s", verb, claim.key, exc)
 
     async def _settle(self, step: Awaitable[None], msg: Received) -> None:
         try:

@@ -64,6 +64,8 @@ async def test_a_version_1_file_is_upgraded(tmp_path: Path) -> None:
     conn = sqlite3.connect(db)  # make it what fairq 0.1 (schema 1) wrote
     for table in ("fairq_topics", "fairq_subscriptions", "fairq_topic_dedup"):
         conn.execute(f"DROP TABLE {table}")
+    for table in ("fairq_idempotency", "fairq_versions"):  # version 3
+        conn.execute(f"DROP TABLE {table}")
     conn.execute("UPDATE fairq_meta SET value = 1 WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
@@ -73,8 +75,10 @@ async def test_a_version_1_file_is_upgraded(tmp_path: Path) -> None:
         t = await broker.declare_topic("new-in-2")
         await t.subscribe("s")
         assert (await t.publish(b"x")).subscriptions == ["s"]
+        assert await broker.idempotency("new-in-3", ttl=60).claim("k") is not None
+        assert await broker.versions("new-in-3").advance("e", 1)
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone() == (
-        2,
+        SCHEMA_VERSION,
     )
     conn.close()

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..clock import Clock, ManualClock
 from ..errors import InvalidOption
+from ..idempotency import IdempotencyRecord, Version
 from ..message import Received, format_id
 from ..pubsub import PublishResult, Subscription, SubscriptionIndex, TopicConfig, TopicStats
 from ..queue import Envelope, QueueConfig, QueueStats
@@ -414,6 +415,55 @@ class Backend(ABC):
         """What identifies this backend's store within the process: brokers with the same
         scope share ephemeral listeners (``Topic.listen``)."""
         return id(self)
+
+    # -- idempotency -----------------------------------------------------------------------
+    # A record per (namespace, key): running (held by the claim whose token it carries,
+    # until the end of its lease) or completed (with its result, until the end of the ttl).
+    # An expired record counts as absent. SQLite/PostgreSQL: a table keyed UNIQUE on
+    # (namespace, key), each method one statement or transaction (INSERT ... ON CONFLICT DO
+    # UPDATE ... WHERE expired); Redis: one key per record, SET NX PX or one Lua script.
+    @abstractmethod
+    async def claim(
+        self, namespace: str, key: str, token: str, lease: float, fingerprint: str | None
+    ) -> IdempotencyRecord | None:
+        """Take the key for ``lease`` seconds under ``token`` (with ``fingerprint``) if it
+        has no live record, or a running one of the same ``token`` (its holder claiming
+        again), and return None; else change nothing and return the live record. Of
+        concurrent claims of one key with distinct tokens exactly one returns None."""
+
+    @abstractmethod
+    async def complete_claim(
+        self, namespace: str, key: str, token: str, result: bytes | None, ttl: float
+    ) -> bool:
+        """Mark the key completed with ``result``, kept ``ttl`` seconds from now, if the
+        record is still ``token``'s (even past its lease) or there is none; False (nothing
+        changed) if another claim has taken the key since."""
+
+    @abstractmethod
+    async def release_claim(self, namespace: str, key: str, token: str) -> bool:
+        """Delete the running record of ``token``; False if it is not there."""
+
+    @abstractmethod
+    async def extend_claim(self, namespace: str, key: str, token: str, lease: float) -> bool:
+        """Make ``token``'s running record last ``lease`` seconds from now (taking the key
+        again if its record is gone); False if another claim holds or completed it."""
+
+    @abstractmethod
+    async def idempotency_record(self, namespace: str, key: str) -> IdempotencyRecord | None:
+        """The live record of the key, or None."""
+
+    @abstractmethod
+    async def forget_claim(self, namespace: str, key: str) -> bool:
+        """Delete the key's live record whatever its state; False if there was none."""
+
+    @abstractmethod
+    async def advance_version(self, namespace: str, entity: str, version: Version) -> bool:
+        """Store ``version`` for the entity if it is greater than the stored one (or there
+        is none) and return True; else change nothing and return False."""
+
+    @abstractmethod
+    async def current_version(self, namespace: str, entity: str) -> Version | None:
+        """The entity's stored version, or None."""
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

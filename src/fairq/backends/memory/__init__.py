@@ -7,10 +7,11 @@ module and class, stacked into :class:`MemoryBackend`.
 
 from __future__ import annotations
 
+from .idempotency import MemoryIdempotency
 from .topics import MemoryTopics
 
 __all__ = ["MemoryBackend"]
 
 
-class MemoryBackend(MemoryTopics):
+class MemoryBackend(MemoryIdempotency, MemoryTopics):
     """All state in this process; see the module docstring."""

@@ -32,12 +32,13 @@ from typing import Any, TypeVar
 
 from ...clock import Clock
 from ...errors import BackendError, ConnectionError, FairqError, InvalidOption
+from ...idempotency import IdempotencyRecord, Version
 from ...message import Received
 from ...pubsub import PublishResult, Subscription, TopicConfig, TopicStats
 from ...queue import Envelope, QueueConfig, QueueStats
 from ..base import Backend
+from . import idempotency, topics
 from . import queues as store
-from . import topics
 from .txn import Store, Txn, apply_schema
 
 __all__ = ["SQLiteBackend"]
@@ -486,6 +487,35 @@ class SQLiteBackend(Backend):
 
     def listen_scope(self) -> Hashable:
         return ("sqlite", os.path.realpath(self.path))
+
+    # -- idempotency -----------------------------------------------------------------------
+    async def claim(
+        self, namespace: str, key: str, token: str, lease: float, fingerprint: str | None
+    ) -> IdempotencyRecord | None:
+        return await self._call(idempotency.claim, namespace, key, token, lease, fingerprint)
+
+    async def complete_claim(
+        self, namespace: str, key: str, token: str, result: bytes | None, ttl: float
+    ) -> bool:
+        return await self._call(idempotency.complete_claim, namespace, key, token, result, ttl)
+
+    async def release_claim(self, namespace: str, key: str, token: str) -> bool:
+        return await self._call(idempotency.release_claim, namespace, key, token)
+
+    async def extend_claim(self, namespace: str, key: str, token: str, lease: float) -> bool:
+        return await self._call(idempotency.extend_claim, namespace, key, token, lease)
+
+    async def idempotency_record(self, namespace: str, key: str) -> IdempotencyRecord | None:
+        return await self._call(idempotency.idempotency_record, namespace, key)
+
+    async def forget_claim(self, namespace: str, key: str) -> bool:
+        return await self._call(idempotency.forget_claim, namespace, key)
+
+    async def advance_version(self, namespace: str, entity: str, version: Version) -> bool:
+        return await self._call(idempotency.advance_version, namespace, entity, version)
+
+    async def current_version(self, namespace: str, entity: str) -> Version | None:
+        return await self._call(idempotency.current_version, namespace, entity)
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

@@ -25,6 +25,7 @@ from ..base import (
     plan_dedup,
     redrive_attributes,
 )
+from . import idempotency
 from .txn import QueueRow, Row, Txn, chunks, marks
 
 READY, WAITING, BLOCKED = 0, 1, 2
@@ -665,3 +666,4 @@ def next_due(conn: sqlite3.Connection) -> float | None:
 def drop_expired_dedup(t: Txn) -> None:
     t.conn.execute("DELETE FROM fairq_dedup WHERE expires_at <= ?", (t.now,))
     t.conn.execute("DELETE FROM fairq_topic_dedup WHERE expires_at <= ?", (t.now,))
+    idempotency.drop_expired(t)

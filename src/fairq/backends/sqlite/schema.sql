@@ -1,8 +1,9 @@
--- fairq's SQLite schema, version 2. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 3. Every statement is idempotent (IF NOT EXISTS), so
 -- store.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any step in store.MIGRATIONS), then records fairq_meta.schema_version.
 --   version 1: queues and messages
 --   version 2: topics, subscriptions, topic deduplication
+--   version 3: idempotency keys and version gates
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -109,3 +110,29 @@ CREATE TABLE IF NOT EXISTS fairq_topic_dedup (
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS fairq_ix_topic_dedup_expiry ON fairq_topic_dedup (expires_at);
+
+-- version 3: idempotency ------------------------------------------------------------------
+-- one record per (namespace, key); the PRIMARY KEY is the uniqueness a claim race is
+-- decided by (INSERT ... ON CONFLICT DO UPDATE ... WHERE expired). An expired record counts
+-- as absent: claims take it over, reads skip it, the periodic clean-up deletes it.
+CREATE TABLE IF NOT EXISTS fairq_idempotency (
+    namespace   TEXT NOT NULL,
+    key         TEXT NOT NULL,
+    token       TEXT NOT NULL,          -- the claim that holds (or completed) the key
+    state       INTEGER NOT NULL,       -- 0 running (claimed), 1 completed
+    fingerprint TEXT,                   -- what the work is (the HTTP request hash)
+    result      BLOB,                   -- the completed work's result, tagged (see idempotency.py)
+    expires_at  REAL NOT NULL,          -- running: end of the lease; completed: end of the ttl
+    PRIMARY KEY (namespace, key)
+);
+
+CREATE INDEX IF NOT EXISTS fairq_ix_idempotency_expiry ON fairq_idempotency (expires_at);
+
+-- the greatest version seen per entity; version is an integer or a real (an event time)
+CREATE TABLE IF NOT EXISTS fairq_versions (
+    namespace  TEXT NOT NULL,
+    entity     TEXT NOT NULL,
+    version    NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (namespace, entity)
+) WITHOUT ROWID;
