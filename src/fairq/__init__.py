@@ -10,9 +10,11 @@ consumers and a flash-sale waiting room — embedded on SQLite, or on a distribu
         await msg.ack()
 """
 
+from .attention import Attention, AttentionStats, KeyStats, Plan
 from .broker import Broker, connect
 from .clock import Clock, ManualClock, SystemClock
 from .errors import (
+    AttentionNotFound,
     BackendError,
     ConfigConflict,
     ConnectionError,
@@ -46,6 +48,9 @@ from .worker import Backoff, Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "Attention",
+    "AttentionNotFound",
+    "AttentionStats",
     "BackendError",
     "Backoff",
     "Broker",
@@ -62,11 +67,13 @@ __all__ = [
     "InvalidMessage",
     "InvalidName",
     "InvalidOption",
+    "KeyStats",
     "LeaseLost",
     "Listener",
     "ManualClock",
     "MessageTooLarge",
     "Outgoing",
+    "Plan",
     "PublishResult",
     "Queue",
     "QueueConfig",

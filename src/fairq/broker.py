@@ -19,6 +19,7 @@ from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
+from .attention import DEFAULT_PLANS, Attention, AttentionConfig, Plan
 from .backends.base import Backend
 from .clock import Clock, SystemClock
 from .errors import ConnectionError, InvalidOption
@@ -222,6 +223,49 @@ class Broker:
         ):
             raise InvalidOption(f"limit must be a non-negative integer or None, got {limit!r}")
         return await self.backend.redrive(queue, to, limit)
+
+    # -- attention -------------------------------------------------------------------------
+    async def declare_attention(
+        self,
+        domain: str,
+        *,
+        plans: Mapping[str, Plan] | None = None,
+        default_plan: str = "basic",
+        work_queue: str = "process.{domain}.{key}.work",
+        queue_options: Mapping[str, Any] | None = None,
+        slice_lease: float = 30.0,
+    ) -> Attention:
+        """Create an attention domain (or update its options); return its handle.
+
+        ``plans`` name the consumption policies keys can be on (default: basic, pro,
+        enterprise as in the seed), ``work_queue`` is the template of each key's queue,
+        ``queue_options`` the ``declare_queue`` options of every work queue, and
+        ``slice_lease`` how long a slice's concurrency token lives unless renewed.
+        """
+        check_name(domain, "attention domain")
+        config = AttentionConfig(
+            plans=dict(plans) if plans is not None else dict(DEFAULT_PLANS),
+            default_plan=default_plan,
+            work_queue=work_queue,
+            queue_options=dict(queue_options or {}),
+            slice_lease=slice_lease,
+        ).validated(domain)
+        await self.backend.declare_attention(domain, config)
+        return self.attention(domain)
+
+    def attention(self, domain: str) -> Attention:
+        """A handle to an existing attention domain (``AttentionNotFound`` at first use)."""
+        return Attention(self.backend, domain, self.max_message_bytes)
+
+    async def list_attention(self, prefix: str = "") -> list[str]:
+        """Names of the attention domains that start with ``prefix``, sorted."""
+        if not isinstance(prefix, str):
+            raise InvalidOption(f"prefix must be a string, got {prefix!r}")
+        return await self.backend.list_attention(prefix)
+
+    async def delete_attention(self, domain: str) -> bool:
+        """Delete an attention domain's keys and signals (its work queues stay)."""
+        return await self.backend.delete_attention(check_name(domain, "attention domain"))
 
     # -- topics ----------------------------------------------------------------------------
     async def declare_topic(self, name: str, *, dedup_window: float = 300.0) -> Topic:

@@ -10,6 +10,7 @@
     │   └── InvalidFilter      a filter policy or routing pattern fairq cannot compile
     ├── QueueNotFound          a handle used on a queue that was never declared
     ├── TopicNotFound          a handle used on a topic that was never declared
+    ├── AttentionNotFound      a handle used on an attention domain that was never declared
     ├── QueueFull              a bounded queue refused a send
     ├── LeaseLost              ack/nack/extend/dead_letter with a receipt that is no longer current
     ├── Unsupported            the backend cannot do this (see the capability table)
@@ -26,6 +27,7 @@ import builtins
 from collections.abc import Sequence
 
 __all__ = [
+    "AttentionNotFound",
     "BackendError",
     "ConfigConflict",
     "ConnectionError",
@@ -101,6 +103,16 @@ class TopicNotFound(FairqError, LookupError):
 
     def __init__(self, name: str) -> None:
         super().__init__(f"topic {name!r} does not exist; declare it with broker.declare_topic()")
+        self.name = name
+
+
+class AttentionNotFound(FairqError, LookupError):
+    """The attention domain was never declared (or was deleted)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"attention domain {name!r} does not exist; declare it with broker.declare_attention()"
+        )
         self.name = name
 
 

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from .attention import Attention, Slice
 from .broker import Broker, connect
 from .errors import FairqError, InvalidOption, LeaseLost, Reject
 from .idempotency import Claim, IdempotencyStore, IdempotentBy, KeyFunction
@@ -45,6 +46,7 @@ __all__ = ["Backoff", "Worker", "WorkerStats"]
 log = logging.getLogger("fairq.worker")
 
 Handler = Callable[[Received], Any]
+_SLICE_BATCH = 32  # messages a slice leases at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +96,16 @@ class _Consumer:
     busy: int = 0
     idempotency: IdempotentBy | None = None
     claims: IdempotencyStore | None = None
+    attention: Attention | None = None  # set for an attention domain's consumer
+    slice_lease: float = 30.0
+    reconcile_interval: float = 30.0
+
+
+@dataclass(slots=True, eq=False)
+class _SliceRun:
+    consumer: _Consumer
+    slice: Slice
+    lease_until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +163,9 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._error: Exception | None = None
         self._push: _PushSettings | None = None
+        self._domains: dict[str, _Consumer] = {}
+        self._slices: dict[str, _SliceRun] = {}
+        self._busy_runners: set[asyncio.Task[Any]] = set()
         self._http: Any = None  # httpx.AsyncClient of push deliveries
         self._signal_task: asyncio.Future[None] | None = None
 
@@ -199,6 +214,49 @@ class Worker:
 
         return register
 
+    def attention(
+        self,
+        domain: str,
+        concurrency: int | None = None,
+        retry: Backoff | None = None,
+        visibility_timeout: float | None = None,
+        reconcile_interval: float = 30.0,
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated function as the handler of attention domain ``domain``.
+
+        The worker takes the domain's signals with up to ``concurrency`` slices at once
+        (default: the worker's concurrency), each a run of at most the key's plan's
+        ``max_messages`` handled one after another within ``max_time``; ``msg.key`` names the
+        key. Every ``reconcile_interval`` seconds it signals keys that have work but lost
+        their signal.
+        """
+        check_name(domain, "attention domain")
+        slots = self.concurrency if concurrency is None else concurrency
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
+        if (
+            isinstance(reconcile_interval, bool)
+            or not isinstance(reconcile_interval, int | float)
+            or (reconcile_interval <= 0)
+        ):
+            raise InvalidOption(f"reconcile_interval must be > 0, got {reconcile_interval!r}")
+
+        def register(handler: Handler) -> Handler:
+            if domain in self._domains:
+                raise InvalidOption(f"attention domain {domain!r} already has a handler")
+            self._domains[domain] = _Consumer(
+                domain,
+                handler,
+                slots,
+                retry or Backoff(),
+                visibility_timeout,
+                inspect.iscoroutinefunction(handler),
+                reconcile_interval=float(reconcile_interval),
+            )
+            return handler
+
+        return register
+
     # -- running ---------------------------------------------------------------------------
     def stop(self) -> None:
         """Ask a running worker to shut down gracefully (thread-safe)."""
@@ -228,8 +286,11 @@ class Worker:
 
     async def run(self) -> None:
         """Consume until :meth:`stop`, SIGINT/SIGTERM, or cancellation; then shut down."""
-        if not self._consumers and self._push is None:
-            raise InvalidOption("the worker has no handlers: decorate one with @worker.queue(...)")
+        if not self._consumers and not self._domains and self._push is None:
+            raise InvalidOption(
+                "the worker has no handlers: decorate one with @worker.queue(...) "
+                "or @worker.attention(...)"
+            )
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._changed = asyncio.Condition()
@@ -247,6 +308,14 @@ class Worker:
                 await self._attach(c)  # QueueNotFound now rather than later
             for c in list(self._consumers.values()):
                 self._start(c)
+            for c in self._domains.values():
+                await self._attach_domain(c)
+            for c in self._domains.values():
+                handoff: asyncio.Queue[Slice] = asyncio.Queue()
+                self._spawn(self._dispatch(c, handoff), f"fairq-dispatch:{c.name}")
+                for i in range(c.concurrency):
+                    self._spawn(self._run_slices(c, handoff), f"fairq-slices:{c.name}:{i}")
+                self._spawn(self._reconcile(c), f"fairq-reconcile:{c.name}")
             self._spawn(self._keep_leases(), "fairq-leases")
             if self._push is not None:
                 await self._scan_push()
@@ -271,6 +340,14 @@ class Worker:
         c.queue = self._broker.queue(c.name)
         config = await c.queue.config()
         c.lease = c.visibility_timeout or config.visibility_timeout
+
+    async def _attach_domain(self, c: _Consumer) -> None:
+        assert self._broker is not None
+        c.attention = self._broker.attention(c.name)
+        config = await c.attention.config()  # AttentionNotFound now rather than later
+        c.slice_lease = config.slice_lease
+        queue_vt = config.queue_options.get("visibility_timeout", 30.0)
+        c.lease = c.visibility_timeout or float(queue_vt)
 
     def _start(self, c: _Consumer) -> None:
         self._spawn(self._consume(c), f"fairq-consume:{c.name}")
@@ -360,8 +437,9 @@ class Worker:
         async with self._changed:
             self._changed.notify_all()
 
-    async def _take_slots(self, c: _Consumer) -> int:
-        """Wait for at least one free slot for ``c``; take as many as are free now."""
+    async def _take_slots(self, c: _Consumer, most: int | None = None) -> int:
+        """Wait for at least one free slot for ``c``; take as many as are free now (at most
+        ``most``)."""
         assert self._changed is not None and self._stopping is not None
         async with self._changed:
             await self._changed.wait_for(
@@ -372,7 +450,7 @@ class Worker:
             )
             if self._stopping.is_set():
                 return 0
-            n = min(self._free, c.concurrency - c.busy)
+            n = min(self._free, c.concurrency - c.busy, most or self.concurrency)
             self._free -= n
             c.busy += n
             return n
@@ -385,22 +463,25 @@ class Worker:
             self._changed.notify_all()
 
     async def _consume(self, c: _Consumer) -> None:
+        """Receive into free slots; wait for messages holding no slot, so an idle queue never
+        keeps slots from the worker's other queues."""
         assert c.queue is not None and self._stopping is not None
         q = c.queue
+        wakeups = q._backend.wakeups
         while not self._stopping.is_set():
+            token = wakeups.token(q.name)  # before the try: a send in between wakes us
             n = await self._take_slots(c)
             if n == 0:
                 return
             try:
-                msgs = await q.receive(
-                    max_messages=n, visibility_timeout=c.visibility_timeout, wait=self.poll_wait
-                )
+                msgs = await q.receive(max_messages=n, visibility_timeout=c.visibility_timeout)
             except BaseException:
                 await self._give_slots(c, n)
                 raise
             if len(msgs) < n:
                 await self._give_slots(c, n - len(msgs))
             if not msgs:
+                await wakeups.wait(token, self.poll_wait)
                 continue
             self.stats.received += len(msgs)
             loop = asyncio.get_running_loop()
@@ -412,48 +493,166 @@ class Worker:
 
     async def _handle(self, run: _Running) -> None:
         c, msg = run.consumer, run.msg
-        claim: Claim | None = None
         try:
-            try:
-                if c.idempotency is not None:
-                    first, claim = await self._claim(c, msg)
-                    if not first:
-                        return
-                if c.is_async:
-                    await c.handler(msg)
-                else:
-                    assert self._pool is not None
-                    ctx = contextvars.copy_context()
-                    await asyncio.get_running_loop().run_in_executor(
-                        self._pool, functools.partial(ctx.run, c.handler, msg)
-                    )
-            except Reject as rej:
-                self.stats.rejected += 1
-                await self._end_claim(claim, done=False)
-                await self._settle(msg.dead_letter(rej.reason), msg)
-            except asyncio.CancelledError:
-                await asyncio.shield(self._end_claim(claim, done=False))
-                raise
-            except Exception:
-                self.stats.failed += 1
-                delay = c.retry.delay(msg.attempt, self._rng)
-                log.exception(
-                    "handler of %s failed on message %s (attempt %d); retry in %.1f s",
-                    c.name,
-                    msg.id,
-                    msg.attempt,
-                    delay,
-                )
-                await self._end_claim(claim, done=False)  # before the nack: the retry may run
-                await self._settle(msg.nack(delay), msg)
-            else:
-                self.stats.acked += 1
-                self.stats.per_queue[c.name] = self.stats.per_queue.get(c.name, 0) + 1
-                await self._end_claim(claim, done=True)  # before the ack: a crash between
-                await self._settle(msg.ack(), msg)  # the two leaves a duplicate, not a rerun
+            if await self._invoke(c, msg):
+                await self._settle(msg.ack(), msg)
         finally:
             self._running.pop(msg.receipt, None)
             await self._give_slots(c, 1)
+
+    async def _invoke(self, c: _Consumer, msg: Received) -> bool:
+        """Run ``c``'s handler on ``msg``; settle a rejection (dead letter) or a failure (nack
+        with backoff) here. True when the handler succeeded: the caller acks."""
+        claim: Claim | None = None
+        try:
+            if c.idempotency is not None:
+                first, claim = await self._claim(c, msg)
+                if not first:
+                    return False
+            if c.is_async:
+                await c.handler(msg)
+            else:
+                assert self._pool is not None
+                ctx = contextvars.copy_context()
+                await asyncio.get_running_loop().run_in_executor(
+                    self._pool, functools.partial(ctx.run, c.handler, msg)
+                )
+        except Reject as rej:
+            self.stats.rejected += 1
+            await self._end_claim(claim, done=False)
+            await self._settle(msg.dead_letter(rej.reason), msg)
+            return False
+        except asyncio.CancelledError:
+            await asyncio.shield(self._end_claim(claim, done=False))
+            raise
+        except Exception:
+            self.stats.failed += 1
+            delay = c.retry.delay(msg.attempt, self._rng)
+            log.exception(
+                "handler of %s failed on message %s (attempt %d); retry in %.1f s",
+                c.name,
+                msg.id,
+                msg.attempt,
+                delay,
+            )
+            await self._end_claim(claim, done=False)  # before the nack: the retry may run
+            await self._settle(msg.nack(delay), msg)
+            return False
+        self.stats.acked += 1
+        self.stats.per_queue[msg.queue] = self.stats.per_queue.get(msg.queue, 0) + 1
+        await self._end_claim(claim, done=True)  # before the ack: a crash between the two
+        return True  # leaves a duplicate, not a rerun
+
+    # -- attention ---------------------------------------------------------------------------
+    async def _dispatch(self, c: _Consumer, handoff: asyncio.Queue[Slice]) -> None:
+        """Take the domain's signals for idle slice runners — one taker per domain, so a
+        signal coming due wakes one call, not every runner."""
+        assert c.attention is not None and self._stopping is not None
+        while not self._stopping.is_set():
+            if await self._take_slots(c, most=1) == 0:  # a runner is free
+                return
+            try:
+                s = await c.attention._take(self.poll_wait)
+            except BaseException:
+                await self._give_slots(c, 1)
+                raise
+            if s is None:
+                await self._give_slots(c, 1)
+            else:
+                handoff.put_nowait(s)  # the runner gives the slot back when the slice ends
+
+    async def _run_slices(self, c: _Consumer, handoff: asyncio.Queue[Slice]) -> None:
+        """One of ``c.concurrency`` runners: run the slices the dispatcher hands over."""
+        me = asyncio.current_task()
+        assert me is not None
+        while True:
+            s = await handoff.get()
+            self._busy_runners.add(me)
+            try:
+                await self._run_slice(c, s)
+            finally:
+                self._busy_runners.discard(me)
+                await self._give_slots(c, 1)
+
+    async def _run_slice(self, c: _Consumer, s: Slice) -> None:
+        """Handle up to the plan's ``max_messages`` messages of the key within ``max_time``,
+        one after another (so ``max_concurrency=1`` keeps the key's order), acking each
+        batch; then end the slice, which re-signals the key if it has backlog left."""
+        assert c.attention is not None and self._stopping is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.plan.max_time
+        handled = 0
+        retry_at: float | None = None
+        self._slices[s.token] = _SliceRun(c, s, loop.time() + c.slice_lease)
+        try:
+            while handled < s.plan.max_messages and not self._stopping.is_set():
+                if loop.time() >= deadline:
+                    break
+                want = min(s.plan.max_messages - handled, _SLICE_BATCH)
+                try:
+                    msgs, retry_at = await c.attention._receive(s, want, c.visibility_timeout)
+                except LeaseLost:
+                    log.warning("slice of %s/%s lost its token; ending it", s.domain, s.key)
+                    break
+                if not msgs:
+                    break
+                self.stats.received += len(msgs)
+                until = loop.time() + c.lease
+                for m in msgs:
+                    self._running[m.receipt] = _Running(c, m, until)
+                done: list[Received] = []
+                try:
+                    for i, m in enumerate(msgs):
+                        if loop.time() >= deadline or self._stopping.is_set():
+                            await self._give_back(msgs[i:])
+                            break
+                        if await self._invoke(c, m):
+                            done.append(m)
+                        handled += 1
+                finally:
+                    await self._ack_all(done)
+                    for m in msgs:
+                        self._running.pop(m.receipt, None)
+        finally:
+            self._slices.pop(s.token, None)
+            try:
+                await asyncio.shield(c.attention._end(s, handled, retry_at))
+            except Exception as exc:  # the token's lease frees it anyway
+                log.warning("could not end the slice of %s/%s: %s", s.domain, s.key, exc)
+
+    async def _ack_all(self, done: list[Received]) -> None:
+        if not done:
+            return
+        q = done[0]._handle()
+        try:
+            await q.ack_batch([m.receipt for m in done])
+        except LeaseLost as exc:
+            self.stats.lease_lost += len(exc.lost)
+            log.warning("%d lease(s) on %s were lost before the ack", len(exc.lost), q.name)
+
+    async def _give_back(self, msgs: list[Received]) -> None:
+        """Release messages a slice leased but will not start (not counted as attempts)."""
+        if msgs:
+            try:
+                lost = await msgs[0]._handle().release_batch([m.receipt for m in msgs])
+                self.stats.released += len(msgs) - len(lost)
+            except Exception as exc:
+                log.warning("could not give back %d message(s): %s", len(msgs), exc)
+
+    async def _reconcile(self, c: _Consumer) -> None:
+        """Signal the domain's keys that have work but no signal (lost ones), now and then."""
+        assert c.attention is not None
+        while True:
+            await asyncio.sleep(c.reconcile_interval)
+            try:
+                n = await c.attention.reconcile()
+            except FairqError as exc:
+                log.warning("reconciling %s failed: %s", c.name, exc)
+                continue
+            if n:
+                log.info(
+                    "reconciler of %s signalled %d key(s) that had lost their signal", c.name, n
+                )
 
     # -- idempotency -----------------------------------------------------------------------
     async def _claim(self, c: _Consumer, msg: Received) -> tuple[bool, Claim | None]:
@@ -506,42 +705,61 @@ class Worker:
             )
 
     async def _keep_leases(self) -> None:
-        """Extend the leases of running handlers before they run out, one call per queue."""
+        """Extend the leases of running handlers (one call per queue) and the tokens of
+        running slices before they run out."""
         loop = asyncio.get_running_loop()
         while True:
-            shortest = min((c.lease for c in self._consumers.values()), default=30.0)
-            await asyncio.sleep(max(0.05, min(shortest / 4, 5.0)))
+            leases = [c.lease for c in (*self._consumers.values(), *self._domains.values())]
+            leases += [c.slice_lease for c in self._domains.values()]
+            await asyncio.sleep(max(0.05, min(min(leases, default=30.0) / 4, 5.0)))
             now = loop.time()
             due: dict[str, list[_Running]] = {}
             for run in list(self._running.values()):
                 if run.lease_until - now < run.consumer.lease / 2:
-                    due.setdefault(run.consumer.name, []).append(run)
+                    due.setdefault(run.msg.queue, []).append(run)
             for name, runs in due.items():
-                c = self._consumers[name]
-                assert c.queue is not None
+                lease = runs[0].consumer.lease
                 try:
-                    lost = set(await c.queue.extend_batch([r.msg.receipt for r in runs], c.lease))
+                    q = runs[0].msg._handle()
+                    lost = set(await q.extend_batch([r.msg.receipt for r in runs], lease))
                 except Exception:
                     log.warning("could not extend leases on %s", name, exc_info=True)
                     continue
-                until = loop.time() + c.lease
+                until = loop.time() + lease
                 for r in runs:
                     if r.msg.receipt in lost:
                         log.warning(
                             "lease of message %s on %s is lost while it runs", r.msg.id, name
                         )
                     r.lease_until = until
+            for sr in list(self._slices.values()):
+                if sr.lease_until - now < sr.consumer.slice_lease / 2:
+                    assert sr.consumer.attention is not None
+                    try:
+                        kept = await sr.consumer.attention._extend(sr.slice)
+                    except Exception:
+                        log.warning("could not extend a slice token", exc_info=True)
+                        continue
+                    if not kept:
+                        log.warning("slice of %s/%s lost its token", sr.slice.domain, sr.slice.key)
+                    sr.lease_until = loop.time() + sr.consumer.slice_lease
 
     async def _shutdown(self) -> None:
         assert self._stopping is not None
         self._stopping.set()
         await self._notify()
         tasks = self._tasks
-        receivers = [t for t in tasks if not t.get_name().startswith("fairq-leases")]
+        busy = set(self._busy_runners)  # slices in progress stop after their current message
+        receivers = [
+            t for t in tasks if not t.get_name().startswith("fairq-leases") and t not in busy
+        ]
         for t in receivers:
             t.cancel()  # stop receiving; the lease keeper runs on while handlers finish
         await asyncio.gather(*receivers, return_exceptions=True)
-        handlers = [r.task for r in self._running.values() if r.task is not None]
+        handlers: list[asyncio.Task[Any]] = [
+            r.task for r in self._running.values() if r.task is not None
+        ]
+        handlers += busy
         if handlers:
             log.info("waiting up to %.0f s for %d running handler(s)", self.grace, len(handlers))
             _, pending = await asyncio.wait(handlers, timeout=self.grace)
@@ -559,19 +777,9 @@ class Worker:
 
     async def _release_running(self) -> None:
         """Give every message whose handler is still running back to its queue now."""
-        by_queue: dict[str, list[_Running]] = {}
+        by_queue: dict[str, list[Received]] = {}
         for run in self._running.values():
-            by_queue.setdefault(run.consumer.name, []).append(run)
-        for name, runs in by_queue.items():
-            c = self._consumers[name]
-            assert c.queue is not None
-            try:
-                lost = await c.queue.release_batch([r.msg.receipt for r in runs])
-                self.stats.released += len(runs) - len(lost)
-            except Exception:
-                log.warning(
-                    "could not release messages on %s; their leases will expire",
-                    name,
-                    exc_info=True,
-                )
-            log.info("gave %d unfinished message(s) back to %s", len(runs), name)
+            by_queue.setdefault(run.msg.queue, []).append(run.msg)
+        for name, msgs in by_queue.items():
+            await self._give_back(msgs)
+            log.info("gave %d unfinished message(s) back to %s", len(msgs), name)

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from ..attention import AttentionConfig, AttentionStats, KeyStats, Slice
 from ..clock import Clock, ManualClock
 from ..errors import InvalidOption
 from ..idempotency import IdempotencyRecord, Version
@@ -415,6 +416,78 @@ class Backend(ABC):
         """What identifies this backend's store within the process: brokers with the same
         scope share ephemeral listeners (``Topic.listen``)."""
         return id(self)
+
+    # -- attention -------------------------------------------------------------------------
+    # A domain keeps, per key: plan, state, tenant, pending signals, running slices and a
+    # token bucket; signals are served tenant by tenant (least recently served first), and
+    # FIFO within a tenant. Wake-ups for a domain go to the token ``attention:<domain>``.
+    @abstractmethod
+    async def declare_attention(self, domain: str, config: AttentionConfig) -> None:
+        """Create the domain or update its options."""
+
+    @abstractmethod
+    async def attention_config(self, domain: str) -> AttentionConfig:
+        """The options of an existing domain (``AttentionNotFound`` otherwise)."""
+
+    @abstractmethod
+    async def list_attention(self, prefix: str = "") -> list[str]:
+        """Names of the attention domains starting with ``prefix``, sorted."""
+
+    @abstractmethod
+    async def delete_attention(self, domain: str) -> bool:
+        """Delete the domain's keys, signals and slices (not the work queues)."""
+
+    @abstractmethod
+    async def attention_publish(
+        self, domain: str, key: str, envelopes: list[Envelope]
+    ) -> list[str]:
+        """Store work messages in the key's queue (declared on first use) and make sure a
+        signal for the key is pending, unless its pending signals and running slices already
+        reach its ``max_concurrency`` — one atomic step."""
+
+    @abstractmethod
+    async def attention_take(self, domain: str) -> Slice | None:
+        """Take signals in fair order until one yields a slice (dropping, parking, blocking,
+        rate-limiting or finding empty the others, and counting each); None if no signal is
+        due. Taking a slice takes a concurrency token of the key (a lease)."""
+
+    @abstractmethod
+    async def attention_receive(
+        self, domain: str, token: str, n: int, visibility_timeout: float | None
+    ) -> tuple[list[Received], float | None]:
+        """Lease up to ``n`` messages of the slice's queue, as many as the key's rate allows;
+        with none, the time the rate allows more (None: nothing visible). ``LeaseLost`` if the
+        slice's token is gone."""
+
+    @abstractmethod
+    async def attention_extend(self, domain: str, token: str) -> bool:
+        """Renew the slice's token lease; False if it was lost."""
+
+    @abstractmethod
+    async def attention_end(
+        self, domain: str, token: str, processed: int, retry_at: float | None
+    ) -> None:
+        """Release the token, count ``processed``, and signal the key again at the tail if
+        it has backlog left (delayed to ``retry_at`` when its rate ran out, or to its next
+        due message when only delayed or leased ones are left)."""
+
+    @abstractmethod
+    async def attention_set_resource(
+        self, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None
+    ) -> None:
+        """Create or change a key; re-signal a parked key that becomes active."""
+
+    @abstractmethod
+    async def attention_stats(self, domain: str) -> AttentionStats:
+        """The domain's counters."""
+
+    @abstractmethod
+    async def attention_key_stats(self, domain: str, top: int) -> list[KeyStats]:
+        """The ``top`` keys by backlog."""
+
+    @abstractmethod
+    async def attention_reconcile(self, domain: str) -> int:
+        """Signal every active key with backlog, no pending signal and no running slice."""
 
     # -- idempotency -----------------------------------------------------------------------
     # A record per (namespace, key): running (held by the claim whose token it carries,

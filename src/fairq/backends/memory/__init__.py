@@ -7,11 +7,12 @@ module and class, stacked into :class:`MemoryBackend`.
 
 from __future__ import annotations
 
+from .attention import MemoryAttention
 from .idempotency import MemoryIdempotency
 from .topics import MemoryTopics
 
 __all__ = ["MemoryBackend"]
 
 
-class MemoryBackend(MemoryIdempotency, MemoryTopics):
+class MemoryBackend(MemoryAttention, MemoryIdempotency, MemoryTopics):
     """All state in this process; see the module docstring."""

@@ -30,6 +30,7 @@ from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ...attention import AttentionConfig, AttentionStats, KeyStats, Slice
 from ...clock import Clock
 from ...errors import BackendError, ConnectionError, FairqError, InvalidOption
 from ...idempotency import IdempotencyRecord, Version
@@ -37,7 +38,7 @@ from ...message import Received
 from ...pubsub import PublishResult, Subscription, TopicConfig, TopicStats
 from ...queue import Envelope, QueueConfig, QueueStats
 from ..base import Backend
-from . import idempotency, topics
+from . import attention, idempotency, topics
 from . import queues as store
 from .txn import Store, Txn, apply_schema
 
@@ -488,6 +489,54 @@ class SQLiteBackend(Backend):
     def listen_scope(self) -> Hashable:
         return ("sqlite", os.path.realpath(self.path))
 
+    # -- attention -------------------------------------------------------------------------
+    async def declare_attention(self, domain: str, config: AttentionConfig) -> None:
+        await self._call(attention.declare_attention, domain, config)
+
+    async def attention_config(self, domain: str) -> AttentionConfig:
+        return await self._call(attention.attention_config, domain)
+
+    async def list_attention(self, prefix: str = "") -> list[str]:
+        return await self._call(attention.list_attention, prefix)
+
+    async def delete_attention(self, domain: str) -> bool:
+        return await self._call(attention.delete_attention, domain)
+
+    async def attention_publish(
+        self, domain: str, key: str, envelopes: list[Envelope]
+    ) -> list[str]:
+        return await self._call(attention.publish, domain, key, envelopes)
+
+    async def attention_take(self, domain: str) -> Slice | None:
+        return await self._call(attention.take, domain)
+
+    async def attention_receive(
+        self, domain: str, token: str, n: int, visibility_timeout: float | None
+    ) -> tuple[list[Received], float | None]:
+        return await self._call(attention.receive, domain, token, n, visibility_timeout)
+
+    async def attention_extend(self, domain: str, token: str) -> bool:
+        return await self._call(attention.extend, domain, token)
+
+    async def attention_end(
+        self, domain: str, token: str, processed: int, retry_at: float | None
+    ) -> None:
+        await self._call(attention.end, domain, token, processed, retry_at)
+
+    async def attention_set_resource(
+        self, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None
+    ) -> None:
+        await self._call(attention.set_resource, domain, key, plan, state, tenant)
+
+    async def attention_stats(self, domain: str) -> AttentionStats:
+        return await self._call(attention.stats, domain)
+
+    async def attention_key_stats(self, domain: str, top: int) -> list[KeyStats]:
+        return await self._call(attention.key_stats, domain, top)
+
+    async def attention_reconcile(self, domain: str) -> int:
+        return await self._call(attention.reconcile, domain)
+
     # -- idempotency -----------------------------------------------------------------------
     async def claim(
         self, namespace: str, key: str, token: str, lease: float, fingerprint: str | None
@@ -522,7 +571,8 @@ class SQLiteBackend(Backend):
         if self._conn is None:
             return None
         try:
-            return store.next_due(self._conn)
+            found = [x for x in (store.next_due(self._conn), attention.next_due(self._conn)) if x]
+            return min(found) if found else None
         except sqlite3.Error as exc:
             raise BackendError(f"sqlite: {exc}") from exc
 

@@ -1,9 +1,10 @@
--- fairq's SQLite schema, version 3. Every statement is idempotent (IF NOT EXISTS), so
--- store.apply_schema brings a file of any older version up to date by running this file
--- again (plus any step in store.MIGRATIONS), then records fairq_meta.schema_version.
+-- fairq's SQLite schema, version 4. Every statement is idempotent (IF NOT EXISTS), so
+-- txn.apply_schema brings a file of any older version up to date by running this file
+-- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
 --   version 2: topics, subscriptions, topic deduplication
 --   version 3: idempotency keys and version gates
+--   version 4: attention domains (keys, signals, tenants, slices)
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -136,3 +137,78 @@ CREATE TABLE IF NOT EXISTS fairq_versions (
     updated_at REAL NOT NULL,
     PRIMARY KEY (namespace, entity)
 ) WITHOUT ROWID;
+
+-- version 4: attention domains ------------------------------------------------------------
+CREATE TABLE IF NOT EXISTS fairq_att_domains (
+    id           INTEGER PRIMARY KEY,
+    name         TEXT NOT NULL UNIQUE,
+    config       TEXT NOT NULL,                 -- JSON of AttentionConfig
+    created_at   REAL NOT NULL,
+    turn_counter INTEGER NOT NULL DEFAULT 0,    -- the last turn handed to a tenant
+    processed    INTEGER NOT NULL DEFAULT 0,
+    republished  INTEGER NOT NULL DEFAULT 0,
+    blocked      INTEGER NOT NULL DEFAULT 0,
+    rate_limited INTEGER NOT NULL DEFAULT 0,
+    empty        INTEGER NOT NULL DEFAULT 0,
+    parked       INTEGER NOT NULL DEFAULT 0,
+    reconciled   INTEGER NOT NULL DEFAULT 0,
+    discarded    TEXT NOT NULL DEFAULT '{}',    -- JSON: state -> signals dropped
+    clear_sum    REAL NOT NULL DEFAULT 0,       -- seconds from backlog to empty, summed
+    clear_count  INTEGER NOT NULL DEFAULT 0
+);
+
+-- one row per key: its policy, counts of pending signals and running slices, and bucket
+CREATE TABLE IF NOT EXISTS fairq_att_keys (
+    domain_id     INTEGER NOT NULL,
+    key           TEXT NOT NULL,
+    queue         TEXT NOT NULL,                -- the work queue's name
+    tenant        TEXT NOT NULL,
+    plan          TEXT NOT NULL,
+    state         TEXT NOT NULL DEFAULT 'active',
+    parked        INTEGER NOT NULL DEFAULT 0,
+    pending       INTEGER NOT NULL DEFAULT 0,
+    active        INTEGER NOT NULL DEFAULT 0,
+    tokens        REAL,                         -- bucket level at tokens_at; NULL: full
+    tokens_at     REAL NOT NULL,
+    backlog_since REAL,
+    processed     INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (domain_id, key)
+) WITHOUT ROWID;
+
+-- tenants take turns: the one served least recently (lowest turn) goes next
+CREATE TABLE IF NOT EXISTS fairq_att_tenants (
+    domain_id INTEGER NOT NULL,
+    tenant    TEXT NOT NULL,
+    turn      INTEGER NOT NULL DEFAULT 0,
+    ready     INTEGER NOT NULL DEFAULT 0,       -- signals due now
+    since     INTEGER NOT NULL DEFAULT 0,       -- signal that made it ready (ties of turn)
+    PRIMARY KEY (domain_id, tenant)
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS fairq_att_ix_turn
+    ON fairq_att_tenants (domain_id, turn, since) WHERE ready > 0;
+
+-- signals: ready ones FIFO per tenant (id order), delayed ones by due time
+CREATE TABLE IF NOT EXISTS fairq_att_signals (
+    id        INTEGER PRIMARY KEY,
+    domain_id INTEGER NOT NULL,
+    tenant    TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    due       REAL NOT NULL,
+    ready     INTEGER NOT NULL
+);
+
+CREATE INDEX IF NOT EXISTS fairq_att_ix_ready
+    ON fairq_att_signals (domain_id, tenant, id) WHERE ready = 1;
+CREATE INDEX IF NOT EXISTS fairq_att_ix_delayed ON fairq_att_signals (due) WHERE ready = 0;
+CREATE INDEX IF NOT EXISTS fairq_att_ix_key ON fairq_att_signals (domain_id, key);
+
+-- running slices: each holds one concurrency token of its key, as a lease
+CREATE TABLE IF NOT EXISTS fairq_att_slices (
+    token       TEXT PRIMARY KEY,
+    domain_id   INTEGER NOT NULL,
+    key         TEXT NOT NULL,
+    lease_until REAL NOT NULL
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS fairq_att_ix_lease ON fairq_att_slices (lease_until);

@@ -18,12 +18,13 @@ from typing import Any
 
 import orjson
 
-from ...errors import FairqError, QueueNotFound, TopicNotFound
+from ...attention import AttentionConfig
+from ...errors import AttentionNotFound, FairqError, QueueNotFound, TopicNotFound
 from ...message import next_id_base
 from ...pubsub import Subscription, SubscriptionIndex, TopicConfig
 from ...queue import QueueConfig
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 
@@ -103,6 +104,13 @@ class TopicRow:
         return self._index
 
 
+@dataclass(slots=True)
+class DomainRow:
+    id: int
+    name: str
+    config: AttentionConfig
+
+
 class Store:
     """What one connection knows between its transactions.
 
@@ -115,6 +123,7 @@ class Store:
         self.by_name: dict[str, QueueRow] = {}
         self.by_id: dict[int, QueueRow] = {}
         self.topics: dict[str, TopicRow] = {}
+        self.domains: dict[str, DomainRow] = {}
         self.config_version = -1
         self.last_id: int | None = None
         self.due = -math.inf  # earliest avail_at of a waiting row, -inf: unknown
@@ -126,6 +135,7 @@ class Store:
         self.by_name.clear()
         self.by_id.clear()
         self.topics.clear()
+        self.domains.clear()
         self.config_version = -1
 
     def forget(self) -> None:
@@ -297,3 +307,23 @@ class Txn:
         if topic is None:
             raise TopicNotFound(name)
         return topic
+
+    # -- attention domains -------------------------------------------------------------
+    def find_domain(self, name: str) -> DomainRow | None:
+        d = self.store.domains.get(name)
+        if d is not None:
+            return d
+        row = self.conn.execute(
+            "SELECT id, config FROM fairq_att_domains WHERE name = ?", (name,)
+        ).fetchone()
+        if row is None:
+            return None
+        d = DomainRow(row[0], name, AttentionConfig.from_dict(orjson.loads(row[1])))
+        self.store.domains[name] = d
+        return d
+
+    def domain(self, name: str) -> DomainRow:
+        d = self.find_domain(name)
+        if d is None:
+            raise AttentionNotFound(name)
+        return d

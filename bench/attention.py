@@ -1,0 +1,672 @@
+"""The seed's "Considered Alternatives", measured: five ways to consume per-store work.
+
+MarketHub scenario, scaled to this machine: S stores (10,000); store 0 dumps N noisy jobs
+(100,000) at t=0; 1,000 other stores each send 5 jobs at random times over W seconds (20);
+8 workers; each job costs 1 ms (an awaited sleep, like a marketplace API call). Strategies:
+
+  a  one shared queue for all stores
+  b  10 grouped queues (store % 10), workers serving every group
+  c  a queue per store, workers polling every store queue in turn
+  d  a queue per store, a permanent consumer (long poll) on every one
+  e  attention queues (fairq.Attention; plan: slices of 50 jobs, up to 8 per store)
+
+plus "e0": attention with the noisy store absent, the baseline small stores should get.
+Reported per strategy: p50/p99 wait (send to handler start) of the small stores' jobs, the
+noisy store's completion time, Jain's fairness index over the stores with backlog in each
+1-second window (median while the noisy store is backlogged), backend calls per second
+once every queue is idle (and how many of them touch per-store queues), and peak RSS.
+Each strategy runs in its own process on a fresh SQLite file.
+
+    python -m bench.attention                 # full scenario (several minutes)
+    python -m bench.attention --quick         # 1,000 stores, 10,000 noisy jobs, 5 s
+    python -m bench.attention --only e,a      # some strategies
+    fairq bench attention --quick
+
+Results: a rich table, bench/results/attention.json, and a plot (python -m bench.plot).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fairq
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STRATEGIES = {
+    "a": "one shared queue",
+    "b": "10 grouped queues",
+    "c": "polling every store queue",
+    "d": "a consumer per store queue",
+    "e": "attention queues",
+    "e0": "attention, noisy store absent",
+    "e4": "attention, noisy store on a 4-slice plan",
+    "single": "one backlogged key: attention vs a plain queue consumer",
+    "tenants": "tenant A (many keys) vs tenant B (one key)",
+    "rate": "a key with rate=50 under 8 workers",
+}
+SCENARIO = ("a", "b", "c", "d", "e", "e0", "e4")
+PER_STORE_METHODS = ("receive", "peek", "stats", "attention_receive")
+# the wake-up pulse's local checks (PRAGMA data_version, earliest due time) are reported
+# apart: they read SQLite's shared memory, touch no queue, and run only while someone waits
+PULSE_METHODS = ("changed_elsewhere", "next_due")
+
+
+@dataclass
+class Scenario:
+    stores: int = 10_000
+    noisy_jobs: int = 100_000
+    small_stores: int = 1_000
+    jobs_per_small: int = 5
+    window: float = 20.0
+    workers: int = 8
+    job_seconds: float = 0.001
+    limit: float = 240.0  # give up after this long
+    idle_probe: float = 6.0  # longer than a long poll, so per-store consumers show up
+    seed: int = 7
+
+
+@dataclass
+class Outcome:
+    strategy: str
+    small_p50: float = 0.0
+    small_p99: float = 0.0
+    small_done: int = 0
+    small_total: int = 0
+    noisy_done: int = 0
+    noisy_completion: float | None = None
+    fairness: float | None = None
+    idle_calls_per_s: float = 0.0
+    idle_per_store_calls_per_s: float = 0.0
+    idle_checks_per_s: float = 0.0
+    peak_rss_mb: float = 0.0
+    wall: float = 0.0
+    notes: list[str] = field(default_factory=list)
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+class Recorder:
+    """Job events: when each job was sent and when its handling started."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[float, int, float]] = []  # (start, store, sent)
+        self.t0 = time.time()
+
+    def start(self, body: bytes) -> None:
+        store, sent = body.split(b"|", 1)
+        self.started.append((time.time(), int(store), float(sent)))
+
+
+class Counting:
+    """Counts calls to the backend's methods (wraps them in place)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.calls: Counter[str] = Counter()
+        for name in dir(type(backend)):
+            if name.startswith("_") or name in ("wakeups", "clock", "poll_interval"):
+                continue
+            fn = getattr(backend, name)
+            if asyncio.iscoroutinefunction(fn):
+                setattr(backend, name, self._wrap(name, fn))
+
+    def _wrap(self, name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return await fn(*args, **kwargs)
+
+        return counted
+
+
+def _body(store: int) -> bytes:
+    return f"{store}|{time.time():.6f}".encode()
+
+
+async def _produce(
+    sc: Scenario, send: Callable[[int, list[bytes]], Awaitable[None]], noisy: bool
+) -> None:
+    """Store 0's dump at t=0, then the small stores' jobs at their random times."""
+    rng = random.Random(sc.seed)
+    if noisy:
+        for i in range(0, sc.noisy_jobs, 1000):
+            await send(0, [_body(0) for _ in range(min(1000, sc.noisy_jobs - i))])
+    stores = rng.sample(range(1, sc.stores), sc.small_stores)
+    plan = sorted((rng.uniform(0, sc.window), s) for s in stores for _ in range(sc.jobs_per_small))
+    t0 = time.monotonic()
+    for at, store in plan:
+        delay = at - (time.monotonic() - t0)
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await send(store, [_body(store)])
+
+
+async def _job(rec: Recorder, msg: fairq.Received, sc: Scenario) -> None:
+    rec.start(msg.body)
+    await asyncio.sleep(sc.job_seconds)
+
+
+# -- strategies ----------------------------------------------------------------------------
+async def _run_worker_strategy(
+    broker: fairq.Broker, sc: Scenario, rec: Recorder, queues: dict[int, str], names: list[str]
+) -> Callable[[], Awaitable[None]]:
+    """a, b: a fairq Worker over one or ten queues."""
+    worker = fairq.Worker(broker, concurrency=sc.workers, handle_signals=False, poll_wait=1.0)
+    for name in names:
+        await broker.declare_queue(name, dead_letter=None)
+
+        @worker.queue(name, concurrency=sc.workers)
+        async def handle(msg: fairq.Received) -> None:
+            await _job(rec, msg, sc)
+
+    task = asyncio.create_task(worker.run())
+
+    async def stop() -> None:
+        worker.stop()
+        await task
+
+    return stop
+
+
+async def _declare_store_queues(broker: fairq.Broker, sc: Scenario) -> None:
+    for start in range(0, sc.stores, 500):
+        await asyncio.gather(
+            *[
+                broker.declare_queue(f"store-{s}", dead_letter=None)
+                for s in range(start, min(start + 500, sc.stores))
+            ]
+        )
+
+
+async def _polling(
+    broker: fairq.Broker, sc: Scenario, rec: Recorder
+) -> Callable[[], Awaitable[None]]:
+    """c: workers take store queues in turn and drain up to 50 messages from each."""
+    await _declare_store_queues(broker, sc)
+    stop = asyncio.Event()
+    turn = iter(range(10**12))
+
+    async def poll() -> None:
+        while not stop.is_set():
+            q = broker.queue(f"store-{next(turn) % sc.stores}")
+            handled = 0
+            while handled < 50:
+                msgs = await q.receive(max_messages=10)
+                if not msgs:
+                    break
+                for m in msgs:
+                    await _job(rec, m, sc)
+                await q.ack_batch([m.receipt for m in msgs])
+                handled += len(msgs)
+
+    tasks = [asyncio.create_task(poll()) for _ in range(sc.workers)]
+
+    async def halt() -> None:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    return halt
+
+
+async def _per_store_consumers(
+    broker: fairq.Broker, sc: Scenario, rec: Recorder
+) -> Callable[[], Awaitable[None]]:
+    """d: one long-polling consumer per store queue; 8 of them may handle at a time."""
+    await _declare_store_queues(broker, sc)
+    slots = asyncio.Semaphore(sc.workers)
+    stop = asyncio.Event()
+
+    async def consume(store: int) -> None:
+        q = broker.queue(f"store-{store}")
+        while not stop.is_set():
+            msgs = await q.receive(max_messages=1, wait=5.0)
+            for m in msgs:
+                async with slots:
+                    await _job(rec, m, sc)
+                await m.ack()
+
+    tasks = [asyncio.create_task(consume(s)) for s in range(sc.stores)]
+
+    async def halt() -> None:
+        stop.set()
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    return halt
+
+
+async def _attention(
+    broker: fairq.Broker, sc: Scenario, rec: Recorder
+) -> Callable[[], Awaitable[None]]:
+    """e: attention queues."""
+    await broker.declare_attention(
+        "market",
+        plans={"basic": fairq.Plan(1, 50, 20.0), "wide": fairq.Plan(4, 50, 20.0)},
+        work_queue="store-{key}",
+        queue_options={"dead_letter": None},
+    )
+    worker = fairq.Worker(broker, concurrency=sc.workers, handle_signals=False, poll_wait=1.0)
+
+    @worker.attention("market")
+    async def handle(msg: fairq.Received) -> None:
+        await _job(rec, msg, sc)
+
+    task = asyncio.create_task(worker.run())
+
+    async def stop() -> None:
+        worker.stop()
+        await task
+
+    return stop
+
+
+# -- single-purpose measurements -----------------------------------------------------------
+async def _one_key_throughput(sc: Scenario, n: int) -> dict[str, float]:
+    """Messages/s of one backlogged key under attention vs one queue under a plain Worker,
+    same backend, same 8-way worker, a handler that does nothing."""
+    rates: dict[str, float] = {}
+    for kind in ("plain", "attention"):
+        with tempfile.TemporaryDirectory() as tmp:
+            broker = await fairq.connect(f"sqlite:///{tmp}/t.db")
+            worker = fairq.Worker(
+                broker, concurrency=sc.workers, handle_signals=False, poll_wait=0.2
+            )
+            done = 0
+            if kind == "plain":
+                q = await broker.declare_queue("one", dead_letter=None)
+                for i in range(0, n, 1000):
+                    await q.send_batch([fairq.Outgoing(b"x") for _ in range(min(1000, n - i))])
+
+                @worker.queue("one", concurrency=sc.workers)
+                async def h(msg: fairq.Received) -> None:
+                    nonlocal done
+                    done += 1
+            else:
+                a = await broker.declare_attention(
+                    "one", plans={"basic": fairq.Plan(1, 1000, 20.0)}
+                )
+                for i in range(0, n, 1000):
+                    await a.publish_batch(
+                        "key", [fairq.Outgoing(b"x") for _ in range(min(1000, n - i))]
+                    )
+
+                @worker.attention("one")
+                async def h2(msg: fairq.Received) -> None:
+                    nonlocal done
+                    done += 1
+
+            started = time.monotonic()
+            task = asyncio.create_task(worker.run())
+            while done < n:  # noqa: ASYNC110 - a bounded progress poll of the benchmark
+                await asyncio.sleep(0.01)
+            rates[kind] = n / (time.monotonic() - started)
+            worker.stop()
+            await task
+            await broker.close()
+    return rates
+
+
+async def _tenant_shares(sc: Scenario, a_keys: int, seconds: float) -> dict[str, float]:
+    """Tenant A spreads its backlog over many keys, tenant B has one key; equal plans."""
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = await fairq.connect(f"sqlite:///{tmp}/t.db")
+        a = await broker.declare_attention(
+            "tenants", plans={"basic": fairq.Plan(sc.workers, 50, 20.0)}
+        )
+        for i in range(a_keys):
+            await a.set_resource(f"a{i}", tenant="A")
+            await a.publish_batch(f"a{i}", [fairq.Outgoing(b"A") for _ in range(200)])
+        await a.set_resource("b0", tenant="B")
+        for _ in range(20):
+            await a.publish_batch("b0", [fairq.Outgoing(b"B") for _ in range(1000)])
+        counts: Counter[str] = Counter()
+        worker = fairq.Worker(broker, concurrency=sc.workers, handle_signals=False, poll_wait=0.2)
+
+        @worker.attention("tenants")
+        async def h(msg: fairq.Received) -> None:
+            counts[msg.text()] += 1
+            await asyncio.sleep(sc.job_seconds)
+
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(seconds)  # both stay backlogged throughout
+        worker.stop()
+        await task
+        await broker.close()
+    return {"A": counts["A"], "B": counts["B"], "B/A": counts["B"] / max(1, counts["A"])}
+
+
+async def _rate_limited(sc: Scenario, rate: float, seconds: float) -> dict[str, float]:
+    """A key with rate=50 under 8 workers: messages handled per second, and backend calls
+    made while it waits for its bucket (no spinning)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = await fairq.connect(f"sqlite:///{tmp}/t.db")
+        burst = 10.0
+        a = await broker.declare_attention(
+            "limited", plans={"basic": fairq.Plan(sc.workers, 100, 20.0, rate=rate, burst=burst)}
+        )
+        await a.publish_batch("api", [fairq.Outgoing(b"x") for _ in range(int(rate * seconds * 2))])
+        done = 0
+        worker = fairq.Worker(broker, concurrency=sc.workers, handle_signals=False, poll_wait=0.5)
+
+        @worker.attention("limited")
+        async def h(msg: fairq.Received) -> None:
+            nonlocal done
+            done += 1
+
+        counting = Counting(broker.backend)
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(seconds)
+        handled = done
+        worker.stop()
+        await task
+        await broker.close()
+    return {
+        "handled": handled,
+        "expected": rate * seconds + burst,
+        "per_s": (handled - burst) / seconds,
+        "takes_per_s": counting.calls["attention_take"] / seconds,
+        "calls_per_s": sum(counting.calls.values()) / seconds,
+    }
+
+
+async def run_one(strategy: str, sc: Scenario) -> Outcome:
+    out = Outcome(strategy)
+    if strategy == "single":
+        out.extra = await _one_key_throughput(sc, 20_000 if sc.stores > 1000 else 5_000)
+        out.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        return out
+    if strategy == "tenants":
+        out.extra = await _tenant_shares(
+            sc, 1000 if sc.stores > 1000 else 200, 10.0 if sc.stores > 1000 else 4.0
+        )
+        return out
+    if strategy == "rate":
+        out.extra = await _rate_limited(sc, 50.0, 20.0 if sc.stores > 1000 else 5.0)
+        return out
+    noisy = strategy != "e0"
+    with tempfile.TemporaryDirectory() as tmp:
+        broker = await fairq.connect(f"sqlite:///{tmp}/bench.db")
+        rec = Recorder()
+        if strategy == "a":
+            stop = await _run_worker_strategy(broker, sc, rec, {}, ["jobs"])
+
+            async def send(store: int, bodies: list[bytes]) -> None:
+                await broker.queue("jobs").send_batch([fairq.Outgoing(b) for b in bodies])
+
+        elif strategy == "b":
+            stop = await _run_worker_strategy(
+                broker, sc, rec, {}, [f"group-{g}" for g in range(10)]
+            )
+
+            async def send(store: int, bodies: list[bytes]) -> None:
+                await broker.queue(f"group-{store % 10}").send_batch(
+                    [fairq.Outgoing(b) for b in bodies]
+                )
+
+        elif strategy in ("c", "d"):
+            stop = await (_polling if strategy == "c" else _per_store_consumers)(broker, sc, rec)
+
+            async def send(store: int, bodies: list[bytes]) -> None:
+                await broker.queue(f"store-{store}").send_batch([fairq.Outgoing(b) for b in bodies])
+
+        else:
+            stop = await _attention(broker, sc, rec)
+            market = broker.attention("market")
+            if strategy == "e4":
+                await market.set_resource("0", plan="wide")
+
+            async def send(store: int, bodies: list[bytes]) -> None:
+                await market.publish_batch(str(store), [fairq.Outgoing(b) for b in bodies])
+
+        rec.t0 = time.time()
+        started = time.monotonic()
+        await _produce(sc, send, noisy)
+        total = sc.small_stores * sc.jobs_per_small + (sc.noisy_jobs if noisy else 0)
+        while len(rec.started) < total and time.monotonic() - started < sc.limit:  # noqa: ASYNC110
+            await asyncio.sleep(0.2)
+        out.wall = time.monotonic() - started
+        if len(rec.started) < total:
+            out.notes.append(
+                f"stopped after {sc.limit:.0f} s with {len(rec.started)} of {total} jobs"
+            )
+        await asyncio.sleep(1.0)  # let the last acks land
+        counting = Counting(broker.backend)
+        await asyncio.sleep(sc.idle_probe)  # every queue is empty now (or the run gave up)
+        checks = sum(counting.calls[m] for m in PULSE_METHODS)
+        calls = sum(counting.calls.values()) - checks
+        per_store = sum(counting.calls[m] for m in PER_STORE_METHODS)
+        out.idle_checks_per_s = checks / sc.idle_probe
+        if strategy in ("a", "b"):
+            per_store = 0  # their queues are shared, not per store
+        out.idle_calls_per_s = calls / sc.idle_probe
+        out.idle_per_store_calls_per_s = per_store / sc.idle_probe
+        await stop()
+        await broker.close()
+    out.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    _summarise(out, rec, sc)
+    return out
+
+
+def _summarise(out: Outcome, rec: Recorder, sc: Scenario) -> None:
+    small = sorted(start - sent for start, store, sent in rec.started if store != 0)
+    out.small_total = sc.small_stores * sc.jobs_per_small
+    out.small_done = len(small)
+    if small:
+        out.small_p50 = small[len(small) // 2]
+        out.small_p99 = small[min(len(small) - 1, int(len(small) * 0.99))]
+    noisy = [start for start, store, _ in rec.started if store == 0]
+    out.noisy_done = len(noisy)
+    if noisy and len(noisy) == sc.noisy_jobs:
+        out.noisy_completion = max(noisy) - rec.t0
+    out.fairness = _jain(rec, noisy_until=max(noisy) if noisy else None)
+
+
+def _jain(rec: Recorder, noisy_until: float | None) -> float | None:
+    """Median over 1-second windows (while store 0 is backlogged) of Jain's index over the
+    stores that had a job waiting in the window, of each store's service ratio: the share of
+    its jobs waiting in the window that started in it (1.0: every store got through; a
+    store that waits the whole window with nothing served pulls the index down)."""
+    if not rec.started:
+        return None
+    end = noisy_until if noisy_until is not None else max(s for s, _, _ in rec.started)
+    served: dict[int, Counter[int]] = defaultdict(Counter)
+    demand: dict[int, Counter[int]] = defaultdict(Counter)
+    for start, store, sent in rec.started:
+        for w in range(int(sent - rec.t0), int(start - rec.t0) + 1):
+            demand[w][store] += 1
+        served[int(start - rec.t0)][store] += 1
+    values = []
+    for w in range(int(end - rec.t0) + 1):
+        stores = demand.get(w)
+        if not stores or len(stores) < 2:
+            continue
+        xs = [served[w][s] / n for s, n in stores.items()]
+        total = sum(xs)
+        if total:
+            values.append(total * total / (len(xs) * sum(x * x for x in xs)))
+    return statistics.median(values) if values else None
+
+
+# -- driver --------------------------------------------------------------------------------
+def _child(strategy: str, sc: Scenario, out_path: str) -> int:
+    result = asyncio.run(run_one(strategy, sc))
+    Path(out_path).write_text(json.dumps(asdict(result)))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.attention", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--quick", action="store_true", help="1,000 stores, 10,000 noisy jobs, 5 s")
+    parser.add_argument("--only", default=",".join(STRATEGIES), help="what to run, e.g. e,a,rate")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    sc = Scenario()
+    if args.quick:
+        sc = Scenario(
+            stores=1_000,
+            noisy_jobs=10_000,
+            small_stores=100,
+            window=5.0,
+            limit=60.0,
+            idle_probe=1.0,
+        )
+    if args.child:
+        return _child(args.child, sc, args.out)
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=max(160, Console().width))
+    results: list[dict[str, Any]] = []
+    for strategy in [s for s in args.only.split(",") if s]:
+        if strategy not in STRATEGIES:
+            parser.error(f"unknown strategy {strategy!r}")
+        console.print(f"[bold]{strategy}[/bold]: {STRATEGIES[strategy]} ...")
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            cmd = [sys.executable, "-m", "bench.attention", "--child", strategy, "--out", f.name]
+            if args.quick:
+                cmd.append("--quick")
+            subprocess.run(
+                cmd,
+                check=True,
+                cwd=Path(__file__).resolve().parents[1],
+                env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+            )
+            results.append(json.loads(Path(f.name).read_text()))
+    table = Table(
+        title=f"attention strategies — {sc.stores:,} stores, {sc.noisy_jobs:,} noisy jobs, "
+        f"{sc.small_stores:,}×{sc.jobs_per_small} small jobs over {sc.window:g} s, "
+        f"{sc.workers} workers, {sc.job_seconds * 1000:g} ms per job"
+    )
+    for col in (
+        "strategy",
+        "small p50 s",
+        "small p99 s",
+        "noisy done at s",
+        "fairness",
+        "idle calls/s",
+        "idle per-store/s",
+        "idle checks/s",
+        "peak RSS MB",
+        "notes",
+    ):
+        table.add_column(col, justify="left" if col in ("strategy", "notes") else "right")
+    for r in results:
+        if r["strategy"] not in SCENARIO:
+            continue
+        table.add_row(
+            f"{r['strategy']} {STRATEGIES[r['strategy']]}",
+            f"{r['small_p50']:.3f}",
+            f"{r['small_p99']:.3f}",
+            "-" if r["noisy_completion"] is None else f"{r['noisy_completion']:.1f}",
+            "-" if r["fairness"] is None else f"{r['fairness']:.2f}",
+            f"{r['idle_calls_per_s']:.0f}",
+            f"{r['idle_per_store_calls_per_s']:.0f}",
+            f"{r['idle_checks_per_s']:.0f}",
+            f"{r['peak_rss_mb']:.0f}",
+            "; ".join(r["notes"]),
+        )
+    console.print(table)
+    by = {r["strategy"]: r for r in results}
+    checks: list[tuple[str, bool]] = []
+    if "e0" in by and by["e0"]["small_p99"] > 0:
+        base = by["e0"]["small_p99"]
+        if "e" in by:
+            x = by["e"]["small_p99"] / base
+            checks.append(
+                (
+                    f"small-store p99 under attention = {x:.1f}x the no-noisy baseline "
+                    f"({by['e']['small_p99']:.3f} s vs {base:.3f} s; target <= 3x)",
+                    x <= 3,
+                )
+            )
+        if "a" in by:
+            x = by["a"]["small_p99"] / base
+            checks.append(
+                (
+                    f"small-store p99 under one shared queue = {x:.0f}x the baseline "
+                    f"({by['a']['small_p99']:.3f} s; target >= 20x)",
+                    x >= 20,
+                )
+            )
+    if "e" in by:
+        checks.append(
+            (
+                f"idle attention: {by['e']['idle_per_store_calls_per_s']:.0f} calls/s touch "
+                "per-store queues (target 0)",
+                by["e"]["idle_per_store_calls_per_s"] == 0,
+            )
+        )
+    if "c" in by:
+        checks.append(
+            (
+                f"idle polling: {by['c']['idle_per_store_calls_per_s']:.0f} calls/s touch "
+                "per-store queues (thousands expected)",
+                by["c"]["idle_per_store_calls_per_s"] > 1000,
+            )
+        )
+    if "single" in by:
+        x = by["single"]["extra"]
+        ratio = x["attention"] / x["plain"]
+        checks.append(
+            (
+                f"one backlogged key: attention {x['attention']:,.0f} msgs/s vs plain queue "
+                f"consumer {x['plain']:,.0f} msgs/s = {ratio:.0%} (target >= 80%)",
+                ratio >= 0.8,
+            )
+        )
+    if "tenants" in by:
+        x = by["tenants"]["extra"]
+        checks.append(
+            (
+                f"tenants: B (1 key) {x['B']:.0f} vs A (many keys) {x['A']:.0f} messages, "
+                f"B/A = {x['B/A']:.2f} (target 0.8-1.2)",
+                0.8 <= x["B/A"] <= 1.2,
+            )
+        )
+    if "rate" in by:
+        x = by["rate"]["extra"]
+        ok = abs(x["per_s"] - 50) <= 2.5
+        checks.append(
+            (
+                f"rate=50: {x['handled']:.0f} handled (expected {x['expected']:.0f}), "
+                f"{x['per_s']:.1f}/s beyond the burst (target 50 ± 5%); "
+                f"{x['takes_per_s']:.1f} takes/s, {x['calls_per_s']:.0f} backend calls/s",
+                ok,
+            )
+        )
+    for text, ok in checks:
+        console.print(("[green]holds[/green] " if ok else "[red]fails[/red] ") + text)
+    RESULTS.mkdir(exist_ok=True)
+    out = RESULTS / ("attention-quick.json" if args.quick else "attention.json")
+    out.write_text(
+        json.dumps(
+            {
+                "scenario": asdict(sc),
+                "results": results,
+                "checks": [{"text": t, "holds": ok} for t, ok in checks],
+            },
+            indent=2,
+        )
+    )
+    console.print(f"results: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,496 @@
+"""The memory backend's attention domains: keys, signals, slices and token buckets.
+
+Signals wait per tenant in FIFO order; tenants with a due signal wait in a heap ordered
+by when each was last served, so a tenant with 1,000 keys gets as many turns as a tenant
+with one. Delayed signals and slice leases live in heaps ordered by due time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import secrets
+from collections import deque
+from dataclasses import dataclass, field
+
+from ...attention import AttentionConfig, AttentionStats, KeyStats, Plan, Slice
+from ...clock import Clock
+from ...errors import AttentionNotFound, InvalidOption, LeaseLost
+from ...message import Received, id_time
+from ...queue import Envelope, QueueConfig
+from ..attention_policy import (
+    KeyView,
+    next_permit,
+    on_signal,
+    on_slice_end,
+    refill,
+    resignal_allowed,
+)
+from .queues import WAITING, MemoryQueues, _Queue
+
+_MAX_SIGNALS_PER_TAKE = 256
+
+
+@dataclass(slots=True, eq=False)
+class _Signal:
+    seq: int
+    key: str
+    due: float
+    live: bool = True
+
+
+@dataclass(slots=True, eq=False)
+class _Key:
+    key: str
+    tenant: str
+    plan: str
+    state: str = "active"
+    parked: bool = False
+    pending: int = 0
+    active: int = 0
+    tokens: float = math.inf
+    tokens_at: float = 0.0
+    backlog_since: float | None = None
+    processed: int = 0
+
+
+@dataclass(slots=True, eq=False)
+class _Tenant:
+    name: str
+    turn: int = 0
+    ready: deque[_Signal] = field(default_factory=deque)
+
+
+@dataclass(slots=True, eq=False)
+class _SliceRec:
+    token: str
+    key: str
+    lease_until: float
+
+
+@dataclass(slots=True, eq=False)
+class _Domain:
+    name: str
+    config: AttentionConfig
+    keys: dict[str, _Key] = field(default_factory=dict)
+    tenants: dict[str, _Tenant] = field(default_factory=dict)
+    turns: list[tuple[int, int, str]] = field(default_factory=list)  # (turn, seq, tenant)
+    delayed: list[tuple[float, int, _Signal]] = field(default_factory=list)
+    slices: dict[str, _SliceRec] = field(default_factory=dict)
+    leases: list[tuple[float, str]] = field(default_factory=list)
+    turn_counter: int = 0
+    counters: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            (
+                "processed",
+                "republished",
+                "blocked",
+                "rate_limited",
+                "empty",
+                "parked",
+                "reconciled",
+            ),
+            0,
+        )
+    )
+    discarded: dict[str, int] = field(default_factory=dict)
+    clear_sum: float = 0.0
+    clear_count: int = 0
+
+
+class MemoryAttention(MemoryQueues):
+    """Attention domains on top of the memory queues."""
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__(clock)
+        self._domains: dict[str, _Domain] = {}
+        self._seq = itertools.count(1)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _domain(self, name: str) -> _Domain:
+        self._open()
+        d = self._domains.get(name)
+        if d is None:
+            raise AttentionNotFound(name)
+        return d
+
+    def _key(self, d: _Domain, key: str, now: float) -> _Key:
+        k = d.keys.get(key)
+        if k is None:
+            k = d.keys[key] = _Key(key, key, d.config.default_plan, tokens_at=now)
+        return k
+
+    def _plan(self, d: _Domain, k: _Key) -> Plan:
+        return d.config.plans.get(k.plan) or d.config.plans[d.config.default_plan]
+
+    def _work_queue(self, d: _Domain, key: str) -> _Queue | None:
+        return self._queues.get(d.config.queue_for(d.name, key))
+
+    def _view(self, d: _Domain, k: _Key, now: float) -> KeyView:
+        q = self._work_queue(d, k.key)
+        visible = q.visible if q is not None else 0
+        waiting_due = None
+        if not visible and q is not None and (q.delayed or q.in_flight):  # only needed then
+            waiting_due = min(m.avail_at for m in q.msgs.values() if m.state == WAITING)
+        tokens = refill(k.tokens, k.tokens_at, now, self._plan(d, k))
+        return KeyView(k.state, k.active, k.pending, visible, waiting_due, tokens)
+
+    def _signal(self, d: _Domain, k: _Key, due: float, now: float) -> None:
+        """Put a signal for ``k`` at the tail of its tenant (or in the delayed heap)."""
+        sig = _Signal(next(self._seq), k.key, due)
+        k.pending += 1
+        if due > now:
+            heapq.heappush(d.delayed, (due, sig.seq, sig))
+        else:
+            self._ready(d, k.tenant, sig)
+        self.wakeups.notify([f"attention:{d.name}"])
+
+    def _ready(self, d: _Domain, tenant: str, sig: _Signal) -> None:
+        t = d.tenants.get(tenant)
+        if t is None:
+            t = d.tenants[tenant] = _Tenant(tenant)
+        if not t.ready:
+            heapq.heappush(d.turns, (t.turn, sig.seq, tenant))
+        t.ready.append(sig)
+
+    def _sweep_domain(self, d: _Domain, now: float) -> None:
+        """Delayed signals that came due join their tenant; expired slices free their token."""
+        while d.delayed and d.delayed[0][0] <= now:
+            _, _, sig = heapq.heappop(d.delayed)
+            if sig.live:
+                k = d.keys.get(sig.key)
+                if k is not None:
+                    self._ready(d, k.tenant, sig)
+        while d.leases and d.leases[0][0] <= now:
+            _, token = heapq.heappop(d.leases)
+            rec = d.slices.get(token)
+            if rec is not None and rec.lease_until <= now:
+                self._end_slice(d, rec, 0, None, now)
+
+    def _next_signal(self, d: _Domain) -> _Signal | None:
+        while d.turns:
+            turn, _, tenant = d.turns[0]
+            t = d.tenants[tenant]
+            while t.ready and not t.ready[0].live:
+                t.ready.popleft()
+            if not t.ready or t.turn != turn:
+                heapq.heappop(d.turns)
+                if t.ready:
+                    heapq.heappush(d.turns, (t.turn, t.ready[0].seq, tenant))
+                continue
+            heapq.heappop(d.turns)
+            sig = t.ready.popleft()
+            d.turn_counter += 1
+            t.turn = d.turn_counter
+            if t.ready:
+                heapq.heappush(d.turns, (t.turn, t.ready[0].seq, tenant))
+            return sig
+        return None
+
+    def _end_slice(
+        self, d: _Domain, rec: _SliceRec, processed: int, retry_at: float | None, now: float
+    ) -> None:
+        del d.slices[rec.token]
+        k = d.keys.get(rec.key)
+        if k is None:
+            return
+        k.active -= 1
+        k.processed += processed
+        d.counters["processed"] += processed
+        view = self._view(d, k, now)
+        when, counter = on_slice_end(view, self._plan(d, k), now, retry_at)
+        if when is not None and counter is not None:
+            d.counters[counter] += 1
+            self._signal(d, k, when, now)
+        self._note_backlog(d, k, view.visible + (1 if view.waiting_due is not None else 0), now)
+
+    def _note_backlog(self, d: _Domain, k: _Key, backlog: int, now: float) -> None:
+        if backlog and k.backlog_since is None:
+            k.backlog_since = now
+        elif not backlog and k.backlog_since is not None:
+            d.clear_sum += now - k.backlog_since
+            d.clear_count += 1
+            k.backlog_since = None
+
+    # -- domains ---------------------------------------------------------------------------
+    async def declare_attention(self, domain: str, config: AttentionConfig) -> None:
+        self._open()
+        d = self._domains.get(domain)
+        if d is None:
+            self._domains[domain] = _Domain(domain, config)
+        else:
+            d.config = config
+
+    async def attention_config(self, domain: str) -> AttentionConfig:
+        return self._domain(domain).config
+
+    async def list_attention(self, prefix: str = "") -> list[str]:
+        self._open()
+        return sorted(n for n in self._domains if n.startswith(prefix))
+
+    async def delete_attention(self, domain: str) -> bool:
+        self._open()
+        return self._domains.pop(domain, None) is not None
+
+    # -- the slice cycle -------------------------------------------------------------------
+    async def attention_publish(
+        self, domain: str, key: str, envelopes: list[Envelope]
+    ) -> list[str]:
+        now = self.clock.now()
+        self._sweep(now)
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        k = d.keys.get(key)
+        if k is not None and k.state == "removed":
+            raise InvalidOption(
+                f"key {key!r} of {domain!r} was removed; set_resource(key, state='active') first"
+            )
+        name = d.config.queue_for(domain, key)
+        q = self._queues.get(name)
+        if q is None:
+            from ...broker import queue_config_from_options
+
+            config: QueueConfig = queue_config_from_options(name, dict(d.config.queue_options))
+            await self.declare_queue(name, config)
+            q = self._queues[name]
+        plan, victims = self._plan_send(q, envelopes, now)  # checks before any change
+        k = self._key(d, key, now)
+        ids = self._apply_send(q, plan, victims, now)
+        self._note_backlog(d, k, len(q.msgs), now)
+        p = self._plan(d, k)
+        if k.pending == 0 and resignal_allowed(p, k.active, k.pending):
+            due = (
+                now
+                if q.visible
+                else min((m.avail_at for m in q.msgs.values() if m.state == WAITING), default=now)
+            )
+            self._signal(d, k, due, now)
+        elif (
+            q.visible
+            and k.pending
+            and all(s.due > now for _, _, s in d.delayed if s.key == key and s.live)
+        ):
+            self._pull_forward(d, k, now)  # an immediate message behind a delayed signal
+        return ids
+
+    def _pull_forward(self, d: _Domain, k: _Key, now: float) -> None:
+        for _, _, sig in d.delayed:
+            if sig.key == k.key and sig.live:
+                sig.live = False
+                k.pending -= 1
+                self._signal(d, k, now, now)
+                return
+
+    async def attention_take(self, domain: str) -> Slice | None:
+        now = self.clock.now()
+        self._sweep(now)
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        for _ in range(_MAX_SIGNALS_PER_TAKE):
+            sig = self._next_signal(d)
+            if sig is None:
+                return None
+            k = d.keys.get(sig.key)
+            if k is None:
+                continue
+            k.pending -= 1
+            plan = self._plan(d, k)
+            view = self._view(d, k, now)
+            decision = on_signal(view, plan, now)
+            action = decision.action
+            if action == "drop":
+                d.discarded[k.state] = d.discarded.get(k.state, 0) + 1
+            elif action == "park":
+                k.parked = True
+                d.counters["parked"] += 1
+            elif action in ("block", "empty", "rate_limited"):
+                d.counters[action if action != "block" else "blocked"] += 1
+                if action == "rate_limited":
+                    k.tokens, k.tokens_at = view.tokens, now
+                if action == "empty" and decision.resignal_at is None:
+                    self._note_backlog(d, k, 0 if view.waiting_due is None else 1, now)
+            if decision.resignal_at is not None:
+                self._signal(d, k, decision.resignal_at, now)
+            if action != "slice":
+                continue
+            token = secrets.token_hex(12)
+            lease_until = now + d.config.slice_lease
+            d.slices[token] = _SliceRec(token, k.key, lease_until)
+            heapq.heappush(d.leases, (lease_until, token))
+            k.active += 1
+            k.tokens, k.tokens_at = view.tokens, now
+            if decision.fan_out:
+                self._signal(d, k, now, now)
+            return Slice(domain, k.key, d.config.queue_for(domain, k.key), token, plan)
+        return None
+
+    def _slice(self, d: _Domain, token: str, now: float) -> _SliceRec | None:
+        rec = d.slices.get(token)
+        return rec if rec is not None and rec.lease_until > now else None
+
+    async def attention_receive(
+        self, domain: str, token: str, n: int, visibility_timeout: float | None
+    ) -> tuple[list[Received], float | None]:
+        now = self.clock.now()
+        self._sweep(now)
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        rec = self._slice(d, token, now)
+        if rec is None:
+            raise LeaseLost([token], "the slice's concurrency token expired")
+        k = d.keys[rec.key]
+        plan = self._plan(d, k)
+        tokens = refill(k.tokens, k.tokens_at, now, plan)
+        allowed = n if tokens == math.inf else min(n, int(tokens))
+        if allowed < 1:
+            k.tokens, k.tokens_at = tokens, now
+            return [], next_permit(tokens, now, plan)
+        name = d.config.queue_for(domain, k.key)
+        if name not in self._queues:
+            return [], None
+        got = await self.receive(name, allowed, visibility_timeout)
+        if tokens != math.inf:
+            k.tokens, k.tokens_at = tokens - len(got), now
+        return got, None
+
+    async def attention_extend(self, domain: str, token: str) -> bool:
+        now = self.clock.now()
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        rec = self._slice(d, token, now)
+        if rec is None:
+            return False
+        rec.lease_until = now + d.config.slice_lease
+        heapq.heappush(d.leases, (rec.lease_until, token))
+        return True
+
+    async def attention_end(
+        self, domain: str, token: str, processed: int, retry_at: float | None
+    ) -> None:
+        now = self.clock.now()
+        self._sweep(now)
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        rec = d.slices.get(token)
+        if rec is None:  # expired and already swept: its processed count still counts
+            d.counters["processed"] += processed
+            return
+        self._end_slice(d, rec, processed, retry_at, now)
+
+    # -- resources -------------------------------------------------------------------------
+    async def attention_set_resource(
+        self, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None
+    ) -> None:
+        now = self.clock.now()
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        if plan is not None and plan not in d.config.plans:
+            raise InvalidOption(
+                f"no plan {plan!r} in {domain!r} (plans: {', '.join(d.config.plans)})"
+            )
+        k = self._key(d, key, now)
+        if plan is not None:
+            k.plan = plan
+        if tenant is not None and tenant != k.tenant:
+            self._move_tenant(d, k, tenant)
+        if state is not None:
+            k.state = state
+            if state == "active" and (k.parked or k.pending == 0):
+                k.parked = False
+                view = self._view(d, k, now)
+                p = self._plan(d, k)
+                if k.pending == 0 and resignal_allowed(p, k.active, 0):
+                    if view.visible:
+                        self._signal(d, k, now, now)
+                    elif view.waiting_due is not None:
+                        self._signal(d, k, view.waiting_due, now)
+
+    def _move_tenant(self, d: _Domain, k: _Key, tenant: str) -> None:
+        old = d.tenants.get(k.tenant)
+        k.tenant = tenant
+        if old is None:
+            return
+        moving = [s for s in old.ready if s.live and s.key == k.key]
+        for s in moving:
+            s.live = False
+            copy = _Signal(next(self._seq), s.key, s.due)
+            self._ready(d, tenant, copy)
+
+    async def attention_stats(self, domain: str) -> AttentionStats:
+        now = self.clock.now()
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        c = d.counters
+        return AttentionStats(
+            signals_pending=sum(k.pending for k in d.keys.values()),
+            slices=len(d.slices),
+            processed=c["processed"],
+            republished=c["republished"],
+            blocked=c["blocked"],
+            rate_limited=c["rate_limited"],
+            empty=c["empty"],
+            parked=c["parked"],
+            reconciled=c["reconciled"],
+            discarded=dict(d.discarded),
+            clear_time_avg=d.clear_sum / d.clear_count if d.clear_count else 0.0,
+            keys=len(d.keys),
+            queue=f"attention.{domain}.work",
+        )
+
+    async def attention_key_stats(self, domain: str, top: int) -> list[KeyStats]:
+        now = self.clock.now()
+        self._sweep(now)
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        rows = []
+        for k in d.keys.values():
+            q = self._work_queue(d, k.key)
+            backlog = (q.visible + q.delayed) if q else 0
+            in_flight = q.in_flight if q else 0
+            oldest = max(0.0, now - id_time(next(iter(q.msgs)))) if q and q.msgs else 0.0
+            rows.append(
+                KeyStats(
+                    k.key,
+                    k.tenant,
+                    k.plan,
+                    k.state,
+                    backlog,
+                    in_flight,
+                    oldest,
+                    k.active,
+                    k.pending,
+                    k.processed,
+                )
+            )
+        rows.sort(key=lambda r: (-r.backlog, -r.in_flight, r.key))
+        return rows[:top]
+
+    async def attention_reconcile(self, domain: str) -> int:
+        now = self.clock.now()
+        self._sweep(now)
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        n = 0
+        for k in d.keys.values():
+            if k.state != "active" or k.pending or k.active:
+                continue
+            view = self._view(d, k, now)
+            if view.visible:
+                self._signal(d, k, now, now)
+            elif view.waiting_due is not None:
+                self._signal(d, k, view.waiting_due, now)
+            else:
+                continue
+            n += 1
+        d.counters["reconciled"] += n
+        return n
+
+    # -- wake-ups --------------------------------------------------------------------------
+    async def next_due(self) -> float | None:
+        due = await super().next_due()
+        for d in self._domains.values():
+            for heap in (d.delayed, d.leases):
+                if heap:
+                    due = heap[0][0] if due is None else min(due, heap[0][0])
+        return due

@@ -1,0 +1,569 @@
+"""The SQLite backend's attention operations, each inside one transaction.
+
+Keys, tenants, signals and slices are tables (``schema.sql``, version 4); the decisions
+come from :mod:`fairq.backends.attention_policy`, shared with every backend. Taking a
+signal reads the least recently served tenant with a due signal through a partial index,
+then that tenant's oldest signal — two index probes, however many keys exist.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from typing import Any
+
+import orjson
+
+from ...attention import AttentionConfig, AttentionStats, KeyStats, Plan, Slice
+from ...errors import InvalidOption, LeaseLost
+from ...message import Received, id_time
+from ...queue import Envelope
+from ..attention_policy import (
+    KeyView,
+    next_permit,
+    on_signal,
+    on_slice_end,
+    refill,
+    resignal_allowed,
+)
+from . import queues
+from .txn import DomainRow, Txn
+
+_MAX_SIGNALS_PER_TAKE = 256
+_KEY_COLS = (
+    "key, queue, tenant, plan, state, parked, pending, active, tokens, tokens_at, backlog_since"
+)
+_COUNTERS = ("processed", "republished", "blocked", "rate_limited", "empty", "parked", "reconciled")
+
+
+class _Key:
+    """A key's row, changed in memory and written back with :meth:`save`."""
+
+    __slots__ = (
+        "active",
+        "backlog_since",
+        "key",
+        "parked",
+        "pending",
+        "plan",
+        "queue",
+        "state",
+        "tenant",
+        "tokens",
+        "tokens_at",
+    )
+
+    def __init__(self, row: tuple[Any, ...]) -> None:
+        (
+            self.key,
+            self.queue,
+            self.tenant,
+            self.plan,
+            self.state,
+            self.parked,
+            self.pending,
+            self.active,
+            tokens,
+            self.tokens_at,
+            self.backlog_since,
+        ) = row
+        self.tokens = math.inf if tokens is None else float(tokens)
+
+    def save(self, t: Txn, d: DomainRow, processed: int = 0) -> None:
+        t.conn.execute(
+            "UPDATE fairq_att_keys SET tenant = ?, plan = ?, state = ?, parked = ?, pending = ?, "
+            "active = ?, tokens = ?, tokens_at = ?, backlog_since = ?, "
+            "processed = processed + ? WHERE domain_id = ? AND key = ?",
+            (
+                self.tenant,
+                self.plan,
+                self.state,
+                int(self.parked),
+                self.pending,
+                self.active,
+                None if self.tokens == math.inf else self.tokens,
+                self.tokens_at,
+                self.backlog_since,
+                processed,
+                d.id,
+                self.key,
+            ),
+        )
+
+
+def _load_key(t: Txn, d: DomainRow, key: str) -> _Key | None:
+    row = t.conn.execute(
+        f"SELECT {_KEY_COLS} FROM fairq_att_keys WHERE domain_id = ? AND key = ?", (d.id, key)
+    ).fetchone()
+    return None if row is None else _Key(row)
+
+
+def _key(t: Txn, d: DomainRow, key: str) -> _Key:
+    k = _load_key(t, d, key)
+    if k is None:
+        t.conn.execute(
+            "INSERT INTO fairq_att_keys (domain_id, key, queue, tenant, plan, tokens_at) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (d.id, key, d.config.queue_for(d.name, key), key, d.config.default_plan, t.now),
+        )
+        k = _load_key(t, d, key)
+        assert k is not None
+    return k
+
+
+def _plan(d: DomainRow, k: _Key) -> Plan:
+    return d.config.plans.get(k.plan) or d.config.plans[d.config.default_plan]
+
+
+def _count(t: Txn, d: DomainRow, counter: str, n: int = 1) -> None:
+    if n:
+        t.conn.execute(
+            f"UPDATE fairq_att_domains SET {counter} = {counter} + ? WHERE id = ?", (n, d.id)
+        )
+
+
+def _view(t: Txn, d: DomainRow, k: _Key) -> KeyView:
+    """The key as the policy sees it, its work queue's counts read from the queue row."""
+    t.flush()
+    row = t.conn.execute(
+        "SELECT id, visible, delayed, in_flight FROM fairq_queues WHERE name = ?", (k.queue,)
+    ).fetchone()
+    visible = waiting_due = None
+    if row is not None:
+        visible = row[1]
+        if not visible and (row[2] or row[3]):
+            (waiting_due,) = t.conn.execute(
+                "SELECT MIN(avail_at) FROM fairq_messages WHERE queue_id = ? AND state = 1",
+                (row[0],),
+            ).fetchone()
+    tokens = refill(k.tokens, k.tokens_at, t.now, _plan(d, k))
+    return KeyView(k.state, k.active, k.pending, visible or 0, waiting_due, tokens)
+
+
+def _signal(t: Txn, d: DomainRow, k: _Key, due: float) -> None:
+    """A signal for ``k`` at the tail of its tenant, or delayed until ``due``."""
+    ready = due <= t.now
+    cur = t.conn.execute(
+        "INSERT INTO fairq_att_signals (domain_id, tenant, key, due, ready) VALUES (?, ?, ?, ?, ?)",
+        (d.id, k.tenant, k.key, due, int(ready)),
+    )
+    k.pending += 1
+    if ready:
+        _tenant_ready(t, d, k.tenant, int(cur.lastrowid or 0), 1)
+    if not ready:
+        t.waiting_until(due)
+    t.op_notify.add(f"attention:{d.name}")
+
+
+def _tenant_ready(t: Txn, d: DomainRow, tenant: str, signal_id: int, n: int) -> None:
+    t.conn.execute(
+        "INSERT INTO fairq_att_tenants (domain_id, tenant, ready, since) VALUES (?, ?, ?, ?) "
+        "ON CONFLICT (domain_id, tenant) DO UPDATE SET ready = ready + excluded.ready, "
+        "since = CASE WHEN ready = 0 THEN excluded.since ELSE since END",
+        (d.id, tenant, n, signal_id),
+    )
+
+
+def _note_backlog(t: Txn, d: DomainRow, k: _Key, has_backlog: bool) -> None:
+    if has_backlog and k.backlog_since is None:
+        k.backlog_since = t.now
+    elif not has_backlog and k.backlog_since is not None:
+        t.conn.execute(
+            "UPDATE fairq_att_domains SET clear_sum = clear_sum + ?, clear_count = clear_count + 1 "
+            "WHERE id = ?",
+            (t.now - k.backlog_since, d.id),
+        )
+        k.backlog_since = None
+
+
+def sweep_domain(t: Txn, d: DomainRow) -> None:
+    """Delayed signals that came due join their tenant; expired slices free their token."""
+    conn, now = t.conn, t.now
+    due = conn.execute(
+        "SELECT id, tenant FROM fairq_att_signals WHERE ready = 0 AND due <= ? AND domain_id = ? "
+        "ORDER BY due",
+        (now, d.id),
+    ).fetchall()
+    for sid, tenant in due:
+        conn.execute("UPDATE fairq_att_signals SET ready = 1 WHERE id = ?", (sid,))
+        _tenant_ready(t, d, tenant, sid, 1)
+    for (token,) in conn.execute(
+        "SELECT token FROM fairq_att_slices WHERE lease_until <= ? AND domain_id = ?", (now, d.id)
+    ).fetchall():
+        _end_slice(t, d, token, 0, None)
+
+
+def _end_slice(t: Txn, d: DomainRow, token: str, processed: int, retry_at: float | None) -> bool:
+    row = t.conn.execute(
+        "DELETE FROM fairq_att_slices WHERE token = ? RETURNING key", (token,)
+    ).fetchone()
+    _count(t, d, "processed", processed)
+    if row is None:
+        return False
+    k = _load_key(t, d, row[0])
+    if k is None:
+        return True
+    k.active -= 1
+    view = _view(t, d, k)
+    when, counter = on_slice_end(view, _plan(d, k), t.now, retry_at)
+    if when is not None and counter is not None:
+        _count(t, d, counter)
+        _signal(t, d, k, when)
+    _note_backlog(t, d, k, bool(view.visible or view.waiting_due is not None))
+    k.save(t, d, processed)
+    return True
+
+
+# -- domains -------------------------------------------------------------------------------
+def declare_attention(t: Txn, name: str, config: AttentionConfig) -> None:
+    data = orjson.dumps(config.to_dict()).decode()
+    d = t.find_domain(name)
+    if d is None:
+        t.conn.execute(
+            "INSERT INTO fairq_att_domains (name, config, created_at) VALUES (?, ?, ?)",
+            (name, data, t.now),
+        )
+    elif d.config != config:
+        t.conn.execute("UPDATE fairq_att_domains SET config = ? WHERE id = ?", (data, d.id))
+    else:
+        return
+    t.configs_changed()
+
+
+def attention_config(t: Txn, name: str) -> AttentionConfig:
+    return t.domain(name).config
+
+
+def list_attention(t: Txn, prefix: str) -> list[str]:
+    return [
+        r[0]
+        for r in t.conn.execute(
+            "SELECT name FROM fairq_att_domains WHERE substr(name, 1, ?) = ? ORDER BY name",
+            (len(prefix), prefix),
+        )
+    ]
+
+
+def delete_attention(t: Txn, name: str) -> bool:
+    d = t.find_domain(name)
+    if d is None:
+        return False
+    for table in ("fairq_att_keys", "fairq_att_tenants", "fairq_att_signals", "fairq_att_slices"):
+        t.conn.execute(f"DELETE FROM {table} WHERE domain_id = ?", (d.id,))
+    t.conn.execute("DELETE FROM fairq_att_domains WHERE id = ?", (d.id,))
+    t.configs_changed()
+    return True
+
+
+# -- the slice cycle -----------------------------------------------------------------------
+def publish(t: Txn, domain: str, key: str, envs: list[Envelope]) -> list[str]:
+    d = t.domain(domain)
+    sweep_domain(t, d)
+    k = _load_key(t, d, key)
+    if k is not None and k.state == "removed":
+        raise InvalidOption(
+            f"key {key!r} of {domain!r} was removed; set_resource(key, state='active') first"
+        )
+    name = d.config.queue_for(domain, key)
+    if t.find(name) is None:
+        from ...broker import queue_config_from_options
+
+        queues.declare_queue(t, name, queue_config_from_options(name, dict(d.config.queue_options)))
+    ids = queues.send(t, name, envs)
+    k = k or _key(t, d, key)
+    view = _view(t, d, k)
+    _note_backlog(t, d, k, bool(view.visible or view.waiting_due is not None))
+    if k.pending == 0:
+        if resignal_allowed(_plan(d, k), k.active, 0):
+            _signal(t, d, k, t.now if view.visible else (view.waiting_due or t.now))
+    elif view.visible:
+        _pull_forward(t, d, k)
+    k.save(t, d)
+    return ids
+
+
+def _pull_forward(t: Txn, d: DomainRow, k: _Key) -> None:
+    """An immediate message must not wait behind the key's delayed signals only."""
+    conn = t.conn
+    if conn.execute(
+        "SELECT 1 FROM fairq_att_signals WHERE domain_id = ? AND key = ? AND ready = 1",
+        (d.id, k.key),
+    ).fetchone():
+        return
+    row = conn.execute(
+        "SELECT id FROM fairq_att_signals WHERE domain_id = ? AND key = ? AND ready = 0 "
+        "ORDER BY due LIMIT 1",
+        (d.id, k.key),
+    ).fetchone()
+    if row is not None:
+        conn.execute("DELETE FROM fairq_att_signals WHERE id = ?", (row[0],))
+        k.pending -= 1
+        _signal(t, d, k, t.now)
+
+
+def take(t: Txn, domain: str) -> Slice | None:
+    d = t.domain(domain)
+    sweep_domain(t, d)
+    conn, now = t.conn, t.now
+    for _ in range(_MAX_SIGNALS_PER_TAKE):
+        turn = conn.execute(
+            "SELECT tenant FROM fairq_att_tenants WHERE domain_id = ? AND ready > 0 "
+            "ORDER BY turn, since LIMIT 1",
+            (d.id,),
+        ).fetchone()
+        if turn is None:
+            return None
+        tenant = turn[0]
+        sig = conn.execute(
+            "SELECT id, key FROM fairq_att_signals "
+            "WHERE domain_id = ? AND tenant = ? AND ready = 1 ORDER BY id LIMIT 1",
+            (d.id, tenant),
+        ).fetchone()
+        if sig is None:  # a count out of step (cannot happen in one transaction): mend it
+            conn.execute(
+                "UPDATE fairq_att_tenants SET ready = 0 WHERE domain_id = ? AND tenant = ?",
+                (d.id, tenant),
+            )
+            continue
+        conn.execute("DELETE FROM fairq_att_signals WHERE id = ?", (sig[0],))
+        (counter,) = conn.execute(
+            "UPDATE fairq_att_domains SET turn_counter = turn_counter + 1 WHERE id = ? "
+            "RETURNING turn_counter",
+            (d.id,),
+        ).fetchone()
+        conn.execute(
+            "UPDATE fairq_att_tenants SET ready = ready - 1, turn = ? "
+            "WHERE domain_id = ? AND tenant = ?",
+            (counter, d.id, tenant),
+        )
+        k = _load_key(t, d, sig[1])
+        if k is None:
+            continue
+        k.pending -= 1
+        plan = _plan(d, k)
+        view = _view(t, d, k)
+        decision = on_signal(view, plan, now)
+        action = decision.action
+        if action == "drop":
+            conn.execute(
+                "UPDATE fairq_att_domains SET discarded = json_set(discarded, '$.' || ?, "
+                "coalesce(json_extract(discarded, '$.' || ?), 0) + 1) WHERE id = ?",
+                (k.state, k.state, d.id),
+            )
+        elif action == "park":
+            k.parked = True
+            _count(t, d, "parked")
+        elif action != "slice":
+            _count(t, d, "blocked" if action == "block" else action)
+            if action == "rate_limited":
+                k.tokens, k.tokens_at = view.tokens, now
+            if action == "empty" and decision.resignal_at is None:
+                _note_backlog(t, d, k, view.waiting_due is not None)
+        if decision.resignal_at is not None:
+            _signal(t, d, k, decision.resignal_at)
+        if action != "slice":
+            k.save(t, d)
+            continue
+        token = secrets.token_hex(12)
+        lease_until = now + d.config.slice_lease
+        conn.execute(
+            "INSERT INTO fairq_att_slices (token, domain_id, key, lease_until) VALUES (?, ?, ?, ?)",
+            (token, d.id, k.key, lease_until),
+        )
+        t.waiting_until(lease_until)
+        k.active += 1
+        k.tokens, k.tokens_at = view.tokens, now
+        if decision.fan_out:
+            _signal(t, d, k, now)
+        k.save(t, d)
+        return Slice(domain, k.key, k.queue, token, plan)
+    return None
+
+
+def _live_slice(t: Txn, d: DomainRow, token: str) -> str | None:
+    row = t.conn.execute(
+        "SELECT key FROM fairq_att_slices WHERE token = ? AND domain_id = ? AND lease_until > ?",
+        (token, d.id, t.now),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def receive(
+    t: Txn, domain: str, token: str, n: int, visibility_timeout: float | None
+) -> tuple[list[Received], float | None]:
+    d = t.domain(domain)
+    key = _live_slice(t, d, token)
+    if key is None:
+        raise LeaseLost([token], "the slice's concurrency token expired")
+    k = _load_key(t, d, key)
+    assert k is not None
+    plan = _plan(d, k)
+    tokens = refill(k.tokens, k.tokens_at, t.now, plan)
+    allowed = n if tokens == math.inf else min(n, int(tokens))
+    if allowed < 1:
+        k.tokens, k.tokens_at = tokens, t.now
+        k.save(t, d)
+        return [], next_permit(tokens, t.now, plan)
+    if t.find(k.queue) is None:
+        return [], None
+    got = queues.receive(t, k.queue, allowed, visibility_timeout)
+    if tokens != math.inf:
+        k.tokens, k.tokens_at = tokens - len(got), t.now
+        k.save(t, d)
+    return got, None
+
+
+def extend(t: Txn, domain: str, token: str) -> bool:
+    d = t.domain(domain)
+    until = t.now + d.config.slice_lease
+    changed = t.conn.execute(
+        "UPDATE fairq_att_slices SET lease_until = ? WHERE token = ? AND domain_id = ? "
+        "AND lease_until > ?",
+        (until, token, d.id, t.now),
+    ).rowcount
+    return changed == 1
+
+
+def end(t: Txn, domain: str, token: str, processed: int, retry_at: float | None) -> None:
+    d = t.domain(domain)
+    sweep_domain(t, d)
+    _end_slice(t, d, token, processed, retry_at)
+
+
+# -- resources -----------------------------------------------------------------------------
+def set_resource(
+    t: Txn, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None
+) -> None:
+    d = t.domain(domain)
+    sweep_domain(t, d)
+    if plan is not None and plan not in d.config.plans:
+        raise InvalidOption(f"no plan {plan!r} in {domain!r} (plans: {', '.join(d.config.plans)})")
+    k = _key(t, d, key)
+    if plan is not None:
+        k.plan = plan
+    if tenant is not None and tenant != k.tenant:
+        _move_tenant(t, d, k, tenant)
+    if state is not None:
+        k.state = state
+        if state == "active":
+            k.parked = False
+            view = _view(t, d, k)
+            if k.pending == 0 and resignal_allowed(_plan(d, k), k.active, 0):
+                if view.visible:
+                    _signal(t, d, k, t.now)
+                elif view.waiting_due is not None:
+                    _signal(t, d, k, view.waiting_due)
+    k.save(t, d)
+
+
+def _move_tenant(t: Txn, d: DomainRow, k: _Key, tenant: str) -> None:
+    conn = t.conn
+    ready = conn.execute(
+        "SELECT COUNT(*) FROM fairq_att_signals WHERE domain_id = ? AND key = ? AND ready = 1",
+        (d.id, k.key),
+    ).fetchone()[0]
+    conn.execute(
+        "UPDATE fairq_att_signals SET tenant = ? WHERE domain_id = ? AND key = ?",
+        (tenant, d.id, k.key),
+    )
+    if ready:
+        conn.execute(
+            "UPDATE fairq_att_tenants SET ready = ready - ? WHERE domain_id = ? AND tenant = ?",
+            (ready, d.id, k.tenant),
+        )
+        first = conn.execute(
+            "SELECT MIN(id) FROM fairq_att_signals WHERE domain_id = ? AND key = ? AND ready = 1",
+            (d.id, k.key),
+        ).fetchone()[0]
+        _tenant_ready(t, d, tenant, first, ready)
+    k.tenant = tenant
+
+
+def stats(t: Txn, domain: str) -> AttentionStats:
+    d = t.domain(domain)
+    sweep_domain(t, d)
+    conn = t.conn
+    row = conn.execute(
+        "SELECT " + ", ".join(_COUNTERS) + ", discarded, clear_sum, clear_count "
+        "FROM fairq_att_domains WHERE id = ?",
+        (d.id,),
+    ).fetchone()
+    pending, keys = conn.execute(
+        "SELECT coalesce(SUM(pending), 0), COUNT(*) FROM fairq_att_keys WHERE domain_id = ?",
+        (d.id,),
+    ).fetchone()
+    (slices,) = conn.execute(
+        "SELECT COUNT(*) FROM fairq_att_slices WHERE domain_id = ?", (d.id,)
+    ).fetchone()
+    counters = dict(zip(_COUNTERS, row[: len(_COUNTERS)], strict=True))
+    discarded, clear_sum, clear_count = row[len(_COUNTERS) :]
+    return AttentionStats(
+        signals_pending=pending,
+        slices=slices,
+        **counters,
+        discarded=orjson.loads(discarded),
+        clear_time_avg=clear_sum / clear_count if clear_count else 0.0,
+        keys=keys,
+        queue=f"attention.{domain}.work",
+    )
+
+
+def key_stats(t: Txn, domain: str, top: int) -> list[KeyStats]:
+    d = t.domain(domain)
+    sweep_domain(t, d)
+    t.flush()
+    rows = t.conn.execute(
+        "SELECT k.key, k.tenant, k.plan, k.state, coalesce(q.visible + q.delayed, 0), "
+        "coalesce(q.in_flight, 0), q.id, k.active, k.pending, k.processed "
+        "FROM fairq_att_keys k LEFT JOIN fairq_queues q ON q.name = k.queue "
+        "WHERE k.domain_id = ? ORDER BY 5 DESC, 6 DESC, k.key LIMIT ?",
+        (d.id, top),
+    ).fetchall()
+    out = []
+    for key, tenant, plan, state, backlog, in_flight, qid, active, pending, processed in rows:
+        oldest = 0.0
+        if qid is not None and backlog + in_flight:
+            (first,) = t.conn.execute(
+                "SELECT MIN(id) FROM fairq_messages WHERE queue_id = ?", (qid,)
+            ).fetchone()
+            oldest = 0.0 if first is None else max(0.0, t.now - id_time(first))
+        out.append(
+            KeyStats(
+                key, tenant, plan, state, backlog, in_flight, oldest, active, pending, processed
+            )
+        )
+    return out
+
+
+def reconcile(t: Txn, domain: str) -> int:
+    """One query finds the keys to signal: no per-key round trips, however many keys."""
+    d = t.domain(domain)
+    sweep_domain(t, d)
+    t.flush()
+    lost = t.conn.execute(
+        "SELECT k.key FROM fairq_att_keys k JOIN fairq_queues q ON q.name = k.queue "
+        "WHERE k.domain_id = ? AND k.state = 'active' AND k.pending = 0 AND k.active = 0 "
+        "AND q.visible + q.delayed + q.in_flight > 0",
+        (d.id,),
+    ).fetchall()
+    n = 0
+    for (key,) in lost:
+        k = _load_key(t, d, key)
+        assert k is not None
+        view = _view(t, d, k)
+        due = t.now if view.visible else view.waiting_due
+        if due is None:
+            continue
+        _signal(t, d, k, due)
+        k.save(t, d)
+        n += 1
+    _count(t, d, "reconciled", n)
+    return n
+
+
+def next_due(t_conn: Any) -> float | None:
+    """The earliest delayed signal or slice lease end of every domain."""
+    a = t_conn.execute("SELECT MIN(due) FROM fairq_att_signals WHERE ready = 0").fetchone()[0]
+    b = t_conn.execute("SELECT MIN(lease_until) FROM fairq_att_slices").fetchone()[0]
+    found = [x for x in (a, b) if x is not None]
+    return min(found) if found else None

@@ -1,0 +1,494 @@
+"""SPEC §5 (attention queues) on every backend. Most tests drive the slice cycle the way
+the worker does (take a signal, receive under its token, end the slice) on a manual
+clock; the last ones run real workers."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+import pytest
+
+import fairq
+from fairq.attention import Slice
+
+Plan = fairq.Plan
+PLANS = {"basic": Plan(1, 2, 20.0), "wide": Plan(3, 2, 20.0), "pro": Plan(2, 5, 20.0)}
+
+
+async def domain(broker: fairq.Broker, **kw: object) -> fairq.Attention:
+    return await broker.declare_attention("market", plans=kw.pop("plans", PLANS), **kw)  # type: ignore[arg-type]
+
+
+async def run_slice(a: fairq.Attention, s: Slice, n: int | None = None) -> list[bytes]:
+    """Handle a slice like a worker: receive up to the plan's max_messages, ack, end."""
+    want = s.plan.max_messages if n is None else n
+    msgs, retry_at = await a._receive(s, want, None)
+    for m in msgs:
+        assert m.key == s.key
+        await m.ack()
+    await a._end(s, len(msgs), retry_at)
+    return [m.body for m in msgs]
+
+
+async def drain_keys(a: fairq.Attention, rounds: int = 1000) -> list[str]:
+    """Serve slices one at a time until no signal is left; return the keys in order."""
+    order = []
+    for _ in range(rounds):
+        s = await a._take(0)
+        if s is None:
+            return order
+        order.append(s.key)
+        await run_slice(a, s)
+    raise AssertionError("signals never ran out")
+
+
+# -- declaring -----------------------------------------------------------------------------
+async def test_declare_and_options(broker: fairq.Broker) -> None:
+    a = await broker.declare_attention("marketplace")
+    assert a.queue_name == "attention.marketplace.work"
+    config = await a.config()
+    assert set(config.plans) == {"basic", "pro", "enterprise"}
+    assert config.plans["pro"] == Plan(3, 200, 20.0)
+    assert (await a.queue("store-873")).name == "process.marketplace.store-873.work"
+    assert await broker.list_attention() == ["marketplace"]
+    for bad in (
+        {"plans": {}},
+        {"plans": {"basic": "fast"}},
+        {"plans": {"basic": Plan(0, 1, 1.0)}},
+        {"plans": {"basic": Plan(1, 1, 1.0, rate=-1)}},
+        {"default_plan": "gold"},
+        {"work_queue": "process.no-key"},
+        {"work_queue": "process.{nope}.{key}"},
+        {"queue_options": {"max_attempts": 0}},
+        {"queue_options": {"colour": "blue"}},
+    ):
+        with pytest.raises(fairq.InvalidOption):
+            await broker.declare_attention("bad", **bad)  # type: ignore[arg-type]
+    with pytest.raises(fairq.AttentionNotFound):
+        await broker.attention("never").publish("k", b"x")
+
+
+async def test_work_queue_gets_the_queue_options(broker: fairq.Broker) -> None:
+    a = await domain(broker, queue_options={"max_attempts": 2, "visibility_timeout": 7})
+    await a.publish("store-1", b"x")
+    config = await (await a.queue("store-1")).config()
+    assert (config.max_attempts, config.visibility_timeout) == (2, 7)
+
+
+# -- rule 1: publish stores work and a signal atomically ---------------------------------------
+async def test_rule1_publish_stores_work_and_signal(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    mid = await a.publish("store-873", {"sku": 1})
+    q = await a.queue("store-873")
+    (m,) = await q.peek()
+    assert m.id == mid and m.json() == {"sku": 1}
+    s = await a.stats()
+    assert (s.signals_pending, s.keys) == (1, 1)
+
+
+async def test_rule1_nothing_when_the_work_cannot_be_stored(broker: fairq.Broker) -> None:
+    a = await domain(broker, queue_options={"max_length": 1})
+    await a.publish("k", b"1")
+    s = await a._take(0)
+    assert s is not None
+    with pytest.raises(fairq.QueueFull):
+        await a.publish("k", b"2")  # the slice holds the key: no signal may appear either
+    assert (await a.stats()).signals_pending == 0
+    with pytest.raises(fairq.MessageTooLarge):
+        await a.publish("k", b"x" * 300_000)
+    assert (await a.stats()).signals_pending == 0
+
+
+# -- rule 2: coalescing ----------------------------------------------------------------------
+async def test_rule2_many_publishes_few_signals(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    await a.set_resource("wide-one", plan="wide")
+    for i in range(0, 10_000, 500):
+        await a.publish_batch("big", [fairq.Outgoing(str(j)) for j in range(i, i + 500)])
+    for i in range(50):
+        await a.publish("wide-one", str(i))
+    keys = {k.key: k for k in await a.key_stats()}
+    assert keys["big"].pending == 1, "10,000 publishes, max_concurrency 1: one signal"
+    assert keys["wide-one"].pending == 1
+    assert (await a.stats()).signals_pending == 2
+
+
+async def test_rule2_publish_while_busy_adds_no_signal_and_the_end_resignals(
+    broker: fairq.Broker,
+) -> None:
+    a = await domain(broker)
+    await a.publish("k", b"1")
+    s = await a._take(0)
+    assert s is not None
+    await a.publish("k", b"2")  # its only slice is running
+    assert (await a.stats()).signals_pending == 0
+    msgs, _ = await a._receive(s, 1, None)
+    await msgs[0].ack()
+    await a._end(s, 1, None)
+    st = await a.stats()
+    assert (st.signals_pending, st.republished, st.processed) == (1, 1, 1)
+    s2 = await a._take(0)
+    assert s2 is not None and await run_slice(a, s2) == [b"2"]
+    assert (await a.stats()).signals_pending == 0
+
+
+# -- rule 3: the slice algorithm -------------------------------------------------------------
+async def test_rule3a_disabled_and_removed_keys_are_dropped(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    for key in ("d1", "d2", "r1"):
+        await a.publish(key, b"x")
+    await a.set_resource("d1", state="disabled")
+    await a.set_resource("d2", state="disabled")
+    await a.remove("r1")
+    assert await a._take(0) is None
+    s = await a.stats()
+    assert s.discarded == {"disabled": 2, "removed": 1}
+    assert (await (await a.queue("d1")).stats()).visible == 1, "the work stays"
+    with pytest.raises(fairq.InvalidOption):
+        await a.publish("r1", b"y")
+    await a.remove("d1", purge=True)
+    assert (await (await a.queue("d1")).stats()).visible == 0
+
+
+async def test_rule3a_paused_keys_are_parked_and_resumed(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    await a.publish("p", b"1")
+    await a.set_resource("p", state="maintenance")
+    assert await a._take(0) is None
+    st = await a.stats()
+    assert (st.parked, st.signals_pending) == (1, 0)
+    await a.publish("p", b"2")  # still parked when its signal comes up
+    assert await a._take(0) is None
+    await a.set_resource("p", state="active")
+    s = await a._take(0)
+    assert s is not None and s.key == "p"
+    assert await run_slice(a, s) == [b"1", b"2"]
+
+
+async def test_rule3b_blocked_when_no_token_is_free(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    await a.set_resource("k", plan="wide")
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(10)])
+    s1 = await a._take(0)  # backlog 10 > max_messages 2: fans out
+    s2 = await a._take(0)
+    assert s1 is not None and s2 is not None and s1.token != s2.token
+    await a.set_resource("k", plan="basic")  # now only one token: the pending signal is blocked
+    assert await a._take(0) is None
+    st = await a.stats()
+    assert st.blocked == 1 and st.slices == 2
+
+
+async def test_rule3c_empty_queue_is_not_an_error(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    await a.publish("k", b"1")
+    await (await a.queue("k")).purge()
+    assert await a._take(0) is None
+    st = await a.stats()
+    assert (st.empty, st.slices, st.signals_pending) == (1, 0, 0)
+
+
+async def test_rule3d_fan_out_up_to_max_concurrency(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    await a.set_resource("k", plan="wide")  # 3 slices of 2
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(20)])
+    slices = [await a._take(0) for _ in range(4)]
+    assert [s is not None for s in slices] == [True, True, True, False]
+    keys = {k.key: k for k in await a.key_stats()}
+    assert (keys["k"].active, keys["k"].pending) == (3, 0)
+
+
+async def test_rule3e_slice_is_bounded_by_max_messages(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(5)])
+    order = []
+    while (s := await a._take(0)) is not None:
+        order.append(await run_slice(a, s))
+    assert order == [[b"0", b"1"], [b"2", b"3"], [b"4"]]
+    st = await a.stats()
+    assert (st.processed, st.republished, st.signals_pending) == (5, 2, 0)
+
+
+async def test_delayed_work_gets_a_delayed_signal(
+    broker: fairq.Broker, clock: fairq.ManualClock
+) -> None:
+    a = await domain(broker)
+    await a.publish("k", b"later", delay=30)
+    assert await a._take(0) is None
+    clock.advance(31)
+    s = await a._take(0)
+    assert s is not None and await run_slice(a, s) == [b"later"]
+
+
+async def test_immediate_work_is_not_held_behind_a_delayed_signal(
+    broker: fairq.Broker, clock: fairq.ManualClock
+) -> None:
+    a = await domain(broker)
+    await a.publish("k", b"later", delay=300)
+    await a.publish("k", b"now")
+    s = await a._take(0)
+    assert s is not None and await run_slice(a, s) == [b"now"]
+
+
+async def test_retries_come_back_to_the_key(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
+    a = await domain(broker)
+    await a.publish("k", b"flaky")
+    s = await a._take(0)
+    assert s is not None
+    (m,), _ = await a._receive(s, 1, None)
+    await m.nack(delay=10)  # the handler failed: retry in 10 s
+    await a._end(s, 1, None)
+    assert await a._take(0) is None
+    clock.advance(11)
+    s = await a._take(0)
+    assert s is not None
+    (m,), _ = await a._receive(s, 1, None)
+    assert (m.body, m.attempt) == (b"flaky", 2)
+
+
+# -- rule 4: fairness ------------------------------------------------------------------------
+async def test_rule4_round_robin_over_keys(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    for key in ("a", "b", "c"):
+        await a.publish_batch(key, [fairq.Outgoing(str(i)) for i in range(6)])  # 3 slices each
+    assert await drain_keys(a) == ["a", "b", "c"] * 3
+
+
+async def test_rule4_share_is_set_by_plan_not_backlog(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    await a.set_resource("pro-store", plan="pro")
+    await a.publish_batch("huge", [fairq.Outgoing(str(i)) for i in range(1000)])
+    await a.publish_batch("pro-store", [fairq.Outgoing(str(i)) for i in range(20)])
+    served: Counter[str] = Counter()
+    for _ in range(8):
+        s = await a._take(0)
+        assert s is not None
+        served[s.key] += len(await run_slice(a, s))
+    assert served == {"huge": 8, "pro-store": 20}, "huge gets 2 per turn, pro 5 per turn"
+
+
+async def test_rule4_tenants_take_turns_first(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    for i in range(20):
+        await a.set_resource(f"a{i}", tenant="tenant-a")
+        await a.publish_batch(f"a{i}", [fairq.Outgoing(b"x") for _ in range(4)])
+    await a.set_resource("b0", tenant="tenant-b")
+    await a.publish_batch("b0", [fairq.Outgoing(b"x") for _ in range(40)])
+    order = []
+    for _ in range(20):
+        s = await a._take(0)
+        assert s is not None
+        order.append("B" if s.key == "b0" else "A")
+        await run_slice(a, s)
+    assert order.count("B") == 10, "tenant B (one key) gets every other turn: " + "".join(order)
+    assert "BB" not in "".join(order) and "AA" not in "".join(order)
+
+
+async def test_moving_a_key_to_another_tenant_moves_its_signal(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    await a.publish("k", b"x")
+    await a.set_resource("k", tenant="acme")
+    s = await a._take(0)
+    assert s is not None and s.key == "k"
+    assert (await a.key_stats())[0].tenant == "acme"
+
+
+# -- rule 6 / 7: no polling; the reconciler --------------------------------------------------
+async def test_rule7_reconciler_finds_a_lost_signal(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    await a.publish("k", b"1")
+    s = await a._take(0)
+    assert s is not None
+    await run_slice(a, s)
+    # work that reached the queue without its signal (written past the attention API)
+    await (await a.queue("k")).send(b"orphan")
+    assert await a._take(0) is None
+    assert await a.reconcile() == 1
+    assert await a.reconcile() == 0, "a signal is pending now"
+    s = await a._take(0)
+    assert s is not None and await run_slice(a, s) == [b"orphan"]
+    assert (await a.stats()).reconciled == 1
+
+
+async def test_a_dead_slice_frees_its_token(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
+    a = await domain(broker, slice_lease=10, queue_options={"visibility_timeout": 5})
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(2)])
+    s = await a._take(0)
+    assert s is not None
+    await a._receive(s, 1, None)  # the worker dies here, holding a message and the token
+    assert await a._take(0) is None
+    clock.advance(11)  # the token's lease ran out; so did the message's
+    s2 = await a._take(0)
+    assert s2 is not None and s2.token != s.token
+    bodies = await run_slice(a, s2)
+    assert sorted(bodies) == [b"0", b"1"]
+    with pytest.raises(fairq.LeaseLost):
+        await a._receive(s, 1, None)
+    assert await a._extend(s) is False
+
+
+async def test_slices_keep_their_token_while_extended(
+    broker: fairq.Broker, clock: fairq.ManualClock
+) -> None:
+    a = await domain(broker, slice_lease=10)
+    await a.publish_batch("k", [fairq.Outgoing(b"x") for _ in range(2)])
+    s = await a._take(0)
+    assert s is not None
+    for _ in range(3):
+        clock.advance(6)
+        assert await a._extend(s) is True
+    assert (await a.stats()).slices == 1
+
+
+# -- rule 8: rate limits ---------------------------------------------------------------------
+async def test_rule8_rate_limit(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
+    plans = {"basic": Plan(1, 100, 20.0, rate=10.0, burst=5.0)}
+    a = await domain(broker, plans=plans)
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(30)])
+    s = await a._take(0)
+    assert s is not None
+    msgs, retry_at = await a._receive(s, 100, None)
+    assert len(msgs) == 5 and retry_at is None, "the burst"
+    for m in msgs:
+        await m.ack()
+    msgs, retry_at = await a._receive(s, 100, None)
+    assert msgs == [] and retry_at is not None
+    assert retry_at - clock.now() == pytest.approx(0.5), "when a burst's worth is back"
+    await a._end(s, 5, retry_at)
+    assert await a._take(0) is None, "nobody spins: the key's signal waits for the bucket"
+    st = await a.stats()
+    assert (st.rate_limited, st.signals_pending) == (1, 1)
+    clock.advance(0.5)  # 5 more tokens
+    s = await a._take(0)
+    assert s is not None
+    msgs, _ = await a._receive(s, 100, None)
+    assert len(msgs) == 5
+
+
+# -- stats -----------------------------------------------------------------------------------
+async def test_key_stats_and_clear_time(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
+    a = await domain(broker)
+    await a.set_resource("quiet", plan="pro", tenant="t1")
+    await a.publish_batch("busy", [fairq.Outgoing(b"x") for _ in range(3)])
+    clock.advance(4)
+    top = await a.key_stats(top=5)
+    assert [(k.key, k.backlog, k.plan, k.state) for k in top] == [
+        ("busy", 3, "basic", "active"),
+        ("quiet", 0, "pro", "active"),
+    ]
+    assert top[0].oldest_age == pytest.approx(4, abs=0.01)
+    assert top[1].tenant == "t1"
+    await drain_keys(a)
+    st = await a.stats()
+    assert st.clear_time_avg == pytest.approx(4, abs=0.01)
+    assert (await a.key_stats())[0].processed in (0, 3)
+    with pytest.raises(fairq.InvalidOption):
+        await a.key_stats(top=0)
+
+
+async def test_set_resource_checks_its_input(broker: fairq.Broker) -> None:
+    a = await domain(broker)
+    with pytest.raises(fairq.InvalidOption):
+        await a.set_resource("k", plan="platinum")
+    with pytest.raises(fairq.InvalidOption):
+        await a.set_resource("k", state="sleeping")  # type: ignore[arg-type]
+    with pytest.raises(fairq.InvalidName):
+        await a.set_resource("bad key")
+    with pytest.raises(fairq.InvalidName):
+        await a.publish("bad/key", b"x")
+
+
+# -- the worker runtime ----------------------------------------------------------------------
+async def test_worker_keeps_order_with_max_concurrency_1(live_broker: fairq.Broker) -> None:
+    a = await live_broker.declare_attention("orders", plans={"basic": Plan(1, 7, 20.0)})
+    for key in ("s1", "s2", "s3"):
+        await a.publish_batch(key, [fairq.Outgoing(f"{key}-{i}") for i in range(40)])
+    seen: dict[str, list[str]] = {}
+    running: Counter[str] = Counter()
+    overlap = []
+    worker = fairq.Worker(live_broker, concurrency=8, handle_signals=False, poll_wait=0.1)
+
+    @worker.attention("orders")
+    async def handle(msg: fairq.Received) -> None:
+        assert msg.key is not None
+        running[msg.key] += 1
+        overlap.append(running[msg.key])
+        seen.setdefault(msg.key, []).append(msg.text())
+        await asyncio.sleep(0.001)
+        running[msg.key] -= 1
+
+    task = asyncio.create_task(worker.run())
+    try:
+        for _ in range(300):
+            if (await a.stats()).processed == 120:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert max(overlap) == 1, "one message of a key at a time"
+    for key in ("s1", "s2", "s3"):
+        assert seen[key] == [f"{key}-{i}" for i in range(40)], "in order"
+    st = await a.stats()
+    assert (st.processed, st.slices, st.signals_pending) == (120, 0, 0)
+
+
+async def test_idle_worker_makes_no_per_key_calls(live_broker: fairq.Broker) -> None:
+    a = await live_broker.declare_attention("idle")
+    for i in range(200):
+        await a.publish(f"store-{i}", b"x")
+    worker = fairq.Worker(live_broker, concurrency=4, handle_signals=False, poll_wait=0.2)
+
+    @worker.attention("idle")
+    async def handle(msg: fairq.Received) -> None:
+        pass
+
+    task = asyncio.create_task(worker.run())
+    while (await a.stats()).processed < 200:  # noqa: ASYNC110 - polls the backend
+        await asyncio.sleep(0.05)
+    backend = live_broker.backend
+    calls: Counter[str] = Counter()
+    originals = {}
+    for name in ("receive", "stats", "peek", "attention_receive", "attention_take"):
+        originals[name] = getattr(backend, name)
+
+        def counting(*args: object, _name: str = name, **kw: object) -> object:
+            calls[_name] += 1
+            return originals[_name](*args, **kw)
+
+        setattr(backend, name, counting)
+    try:
+        await asyncio.sleep(0.8)  # every queue is empty now
+    finally:
+        for name, fn in originals.items():
+            setattr(backend, name, fn)
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    per_key = calls["receive"] + calls["stats"] + calls["peek"] + calls["attention_receive"]
+    assert per_key == 0, f"no work queue is touched while all are empty: {calls}"
+    assert calls["attention_take"] <= 4 * 10, "takes wait on wake-ups, not a busy loop"
+
+
+async def test_worker_serves_every_key(live_broker: fairq.Broker) -> None:
+    a = await live_broker.declare_attention("stores", plans={"basic": Plan(2, 10, 5.0)})
+    for i in range(30):
+        await a.publish_batch(f"s{i}", [fairq.Outgoing(str(j)) for j in range(i % 7 + 1)])
+    done: Counter[str] = Counter()
+    worker = fairq.Worker(live_broker, concurrency=6, handle_signals=False, poll_wait=0.1)
+
+    @worker.attention("stores")
+    def handle(msg: fairq.Received) -> None:  # a sync handler, in the thread pool
+        assert msg.key is not None
+        done[msg.key] += 1
+
+    task = asyncio.create_task(worker.run())
+    total = sum(i % 7 + 1 for i in range(30))
+    try:
+        for _ in range(300):
+            if sum(done.values()) >= total and (await a.stats()).slices == 0:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert done == {f"s{i}": i % 7 + 1 for i in range(30)}
