@@ -548,6 +548,86 @@ async def test_worker_retakes_the_claim_of_a_redelivered_message(
     assert worker.stats.duplicates == 1
 
 
+async def test_worker_retries_a_failed_message_with_its_key(live_broker: fairq.Broker) -> None:
+    q = await live_broker.declare_queue("flaky", visibility_timeout=5)
+    await q.send({"order": "o-1"})
+    attempts: list[int] = []
+    worker = fairq.Worker(live_broker, handle_signals=False, poll_wait=0.1)
+
+    @worker.queue(
+        "flaky", retry=fairq.Backoff(base=0.05, jitter=0), idempotency=lambda m: m.json()["order"]
+    )
+    async def handle(msg: fairq.Received) -> None:
+        attempts.append(msg.attempt)
+        if msg.attempt == 1:
+            raise RuntimeError("try again")
+
+    async def done() -> bool:
+        return (await q.stats()).acked == 1
+
+    await run_until(worker, done)
+    assert attempts == [1, 2]
+    assert worker.stats.duplicates == 0
+    record = await live_broker.idempotency("flaky", ttl=60).get("o-1")
+    assert record is not None and record.completed
+
+
+_DOOMED_WORKER = """
+import asyncio, sys
+import fairq
+
+async def main(url, started):
+    async with await fairq.connect(url) as broker:
+        worker = fairq.Worker(broker, handle_signals=False, poll_wait=0.1)
+
+        @worker.queue("mail", idempotency=lambda m: m.json()["to"])
+        async def send_mail(msg):
+            open(started, "w").close()
+            await asyncio.sleep(3600)  # killed here, holding the claim
+
+        await worker.run()
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+async def test_a_message_whose_worker_was_killed_mid_handler_runs_again(tmp_path: Path) -> None:
+    """kill -9 while the handler runs: the message lease and the claim lease run out about
+    together, in either order; the redelivered message must run, never count as its own
+    duplicate."""
+    url = f"sqlite:///{tmp_path / 'kill.db'}"
+    started = tmp_path / "started"
+    async with await fairq.connect(url) as broker:
+        q = await broker.declare_queue("mail", visibility_timeout=1.0)
+        mid = await q.send({"to": "fan-1"})
+        doomed = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _DOOMED_WORKER, url, str(started)
+        )
+        try:
+            for _ in range(500):
+                if started.exists():
+                    break
+                await asyncio.sleep(0.02)
+            assert started.exists(), "the first worker never ran the handler"
+            await asyncio.sleep(0.3)  # let it extend both leases at least once
+        finally:
+            doomed.kill()
+            await doomed.wait()
+        ran: list[str] = []
+        worker = fairq.Worker(broker, handle_signals=False, poll_wait=0.1)
+
+        @worker.queue("mail", idempotency=lambda m: m.json()["to"])
+        async def send_mail(msg: fairq.Received) -> None:
+            ran.append(msg.id)
+
+        async def done() -> bool:
+            return (await q.stats()).acked == 1
+
+        await run_until(worker, done)
+    assert ran == [mid]
+    assert worker.stats.duplicates == 0
+
+
 def test_idempotent_by_checks_its_arguments() -> None:
     with pytest.raises(fairq.InvalidOption):
         fairq.IdempotentBy("order")  # type: ignore[arg-type]
