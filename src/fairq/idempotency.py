@@ -58,6 +58,7 @@ __all__ = [
     "IdempotencyRecord",
     "IdempotencyStore",
     "IdempotentBy",
+    "KeyFunction",
     "Version",
     "VersionGate",
     "check_version",
@@ -438,6 +439,7 @@ class VersionGate:
         return await self.backend.current_version(self.namespace, check_key(entity, "entity id"))
 
 
+#: a worker's idempotency key of a message (None: the message has no key, always run it)
 KeyFunction = Callable[[Received], "str | None"]
 
 
