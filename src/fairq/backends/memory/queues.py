@@ -71,6 +71,20 @@ class _Queue:
     deleted: bool = False
 
 
+def _received(m: _Msg, receipt: str, queue: str) -> Received:
+    return Received(
+        format_id(m.id),
+        m.body,
+        dict(m.attrs),
+        m.attempt,
+        id_time(m.id),
+        m.priority,
+        m.group,
+        receipt,
+        queue,
+    )
+
+
 def _category(m: _Msg) -> str:
     if m.state == WAITING:
         return "in_flight" if m.lease else "delayed"
@@ -331,19 +345,7 @@ class MemoryQueues(Backend):
             if m.attempt > 1:
                 q.counters["redelivered"] += 1
             self._move(m, WAITING, now + vt, lease)
-            out.append(
-                Received(
-                    format_id(m.id),
-                    m.body,
-                    dict(m.attrs),
-                    m.attempt,
-                    id_time(m.id),
-                    m.priority,
-                    m.group,
-                    make_receipt(m.id, lease),
-                    queue,
-                )
-            )
+            out.append(_received(m, make_receipt(m.id, lease), queue))
         return out
 
     def _settle(
@@ -449,19 +451,7 @@ class MemoryQueues(Backend):
         for m in q.msgs.values():
             if len(out) >= limit:
                 break
-            out.append(
-                Received(
-                    format_id(m.id),
-                    m.body,
-                    dict(m.attrs),
-                    m.attempt,
-                    id_time(m.id),
-                    m.priority,
-                    m.group,
-                    "",
-                    queue,
-                )
-            )
+            out.append(_received(m, "", queue))
         return out
 
     async def redrive(self, queue: str, to: str | None, limit: int | None) -> int:
