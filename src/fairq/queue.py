@@ -280,15 +280,28 @@ class Queue:
     ) -> list[str]:
         """Store all messages or none (one atomic step); return their ids in order."""
         envs = []
+        limit = self._max_bytes
         for m in messages:
+            if (
+                type(m) is Outgoing
+                and type(m.body) is bytes
+                and (  # the plain case, fast
+                    m.attributes is None
+                    and not m.delay
+                    and not m.priority
+                    and m.group is None
+                    and m.dedup_id is None
+                    and len(m.body) <= limit
+                )
+            ):
+                envs.append(Envelope(m.body, {}))
+                continue
             if not isinstance(m, Outgoing):
                 raise InvalidMessage(
                     f"send_batch takes fairq.Outgoing items, got {type(m).__name__}"
                 )
             envs.append(
-                make_envelope(
-                    m.body, m.attributes, m.delay, m.priority, m.group, m.dedup_id, self._max_bytes
-                )
+                make_envelope(m.body, m.attributes, m.delay, m.priority, m.group, m.dedup_id, limit)
             )
         if not envs:
             return []
