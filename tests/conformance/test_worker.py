@@ -260,3 +260,28 @@ def test_backoff_delays() -> None:
     assert fairq.Backoff(base=2, cap=10, jitter=0).delay(2) == 4
     with pytest.raises(fairq.InvalidOption):
         fairq.Backoff(jitter=2)
+
+
+async def test_idle_queues_do_not_hold_slots(live_broker: fairq.Broker) -> None:
+    """A worker over many queues with few slots serves a busy queue at once, even while its
+    other queues sit empty in a long poll."""
+    names = [f"q{i}" for i in range(6)]
+    for name in names:
+        await live_broker.declare_queue(name)
+    got = asyncio.Event()
+    worker = fairq.Worker(live_broker, concurrency=2, handle_signals=False, poll_wait=5.0)
+    for name in names:
+
+        @worker.queue(name, concurrency=2)
+        async def handle(msg: fairq.Received) -> None:
+            got.set()
+
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(0.3)  # every consumer is waiting now
+    started = time.monotonic()
+    await live_broker.queue(names[-1]).send(b"x")
+    await asyncio.wait_for(got.wait(), 4)
+    took = time.monotonic() - started
+    worker.stop()
+    await asyncio.wait_for(task, 10)
+    assert took < 1.0, f"the last queue waited {took:.2f} s for a slot"
