@@ -500,6 +500,49 @@ def _jain(rec: Recorder, noisy_until: float | None) -> float | None:
     return statistics.median(values) if values else None
 
 
+# -- plot ----------------------------------------------------------------------------------
+def plot(doc: dict[str, Any], out: Path) -> Path:
+    """Three panels per strategy: small stores' p99 wait, the noisy store's completion time,
+    and the calls per second touching per-store queues when everything is idle."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in doc["results"] if r["strategy"] in SCENARIO]
+    labels = [f"{r['strategy']}\n{STRATEGIES[r['strategy']]}" for r in rows]
+    colors = ["#1f77b4" if r["strategy"].startswith("e") else "#9e9e9e" for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.6))
+    panels = [
+        ("small stores' p99 wait (s, log)", [max(r["small_p99"], 1e-4) for r in rows], True),
+        ("noisy store done after (s)", [r["noisy_completion"] or 0 for r in rows], False),
+        (
+            "idle calls/s touching per-store queues (log)",
+            [max(r["idle_per_store_calls_per_s"], 0.1) for r in rows],
+            True,
+        ),
+    ]
+    for ax, (title, values, log) in zip(axes, panels, strict=True):
+        bars = ax.bar(range(len(rows)), values, color=colors)
+        ax.bar_label(bars, labels=[f"{v:.3g}" for v in values], fontsize=7, padding=2)
+        ax.set_xticks(range(len(rows)), labels, fontsize=7, rotation=35, ha="right")
+        ax.set_title(title, fontsize=10)
+        if log:
+            ax.set_yscale("log")
+    sc = doc["scenario"]
+    fig.suptitle(
+        f"{sc['stores']:,} stores; store 0 dumps {sc['noisy_jobs']:,} jobs; "
+        f"{sc['small_stores']:,} stores x {sc['jobs_per_small']} jobs over {sc['window']:g} s; "
+        f"{sc['workers']} workers, {sc['job_seconds'] * 1000:g} ms/job (SQLite)",
+        fontsize=10,
+    )
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 # -- driver --------------------------------------------------------------------------------
 def _child(strategy: str, sc: Scenario, out_path: str) -> int:
     result = asyncio.run(run_one(strategy, sc))
@@ -513,6 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--quick", action="store_true", help="1,000 stores, 10,000 noisy jobs, 5 s")
     parser.add_argument("--only", default=",".join(STRATEGIES), help="what to run, e.g. e,a,rate")
+    parser.add_argument("--plot", action="store_true", help="only redraw the PNG from the JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -528,6 +572,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     if args.child:
         return _child(args.child, sc, args.out)
+    png = Path(__file__).resolve().parents[1] / "docs" / "bench-attention.png"
+    if args.plot:
+        print(plot(json.loads((RESULTS / "attention.json").read_text()), png))
+        return 0
     from rich.console import Console
     from rich.table import Table
 
@@ -548,6 +596,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
             )
             results.append(json.loads(Path(f.name).read_text()))
+        RESULTS.mkdir(exist_ok=True)  # keep what is done so far
+        partial = RESULTS / ("attention-quick.json" if args.quick else "attention.json")
+        partial.write_text(json.dumps({"scenario": asdict(sc), "results": results}, indent=2))
     table = Table(
         title=f"attention strategies — {sc.stores:,} stores, {sc.noisy_jobs:,} noisy jobs, "
         f"{sc.small_stores:,}×{sc.jobs_per_small} small jobs over {sc.window:g} s, "
@@ -665,6 +716,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     console.print(f"results: {out}")
+    if not args.quick and any(r["strategy"] in SCENARIO for r in results):
+        console.print(f"plot: {plot(json.loads(out.read_text()), png)}")
     return 0
 
 
