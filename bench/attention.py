@@ -593,7 +593,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 cmd,
                 check=True,
                 cwd=Path(__file__).resolve().parents[1],
-                env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1])),
+                env=dict(  # the same fairq as this process (e.g. a snapshot on PYTHONPATH)
+                    os.environ,
+                    PYTHONPATH=os.pathsep.join(
+                        [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
+                    ),
+                ),
             )
             results.append(json.loads(Path(f.name).read_text()))
         RESULTS.mkdir(exist_ok=True)  # keep what is done so far
