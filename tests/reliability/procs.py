@@ -34,6 +34,18 @@ async def send_batches(url: str, size: int) -> None:
             i += 1
 
 
+async def publish_attention(url: str, keys: int) -> None:
+    """Publish to attention keys forever; print each round once it has returned."""
+    async with await fairq.connect(url) as broker:
+        a = broker.attention("market")
+        i = 0
+        while True:
+            for k in range(keys):
+                await a.publish_batch(f"store-{k}", [fairq.Outgoing(str(i).encode())] * 3)
+            print("round", i, flush=True)
+            i += 1
+
+
 async def consume(url: str, seconds: float) -> None:
     """Long-poll and ack for ``seconds``; print each message's id and its latency."""
     async with await fairq.connect(url) as broker:
@@ -49,5 +61,10 @@ async def consume(url: str, seconds: float) -> None:
 
 if __name__ == "__main__":
     role, url, arg = sys.argv[1], sys.argv[2], sys.argv[3]
-    main = {"hold": hold_leases, "send": send_batches, "consume": consume}[role]
+    main = {
+        "hold": hold_leases,
+        "send": send_batches,
+        "consume": consume,
+        "attention": publish_attention,
+    }[role]
     asyncio.run(main(url, int(arg) if role != "consume" else float(arg)))  # type: ignore[operator]

@@ -127,3 +127,21 @@ async def test_one_producer_two_consumer_processes(url: str) -> None:
     # the consumers poll the file's change counter every 20 ms: far below a 1 s sleep-poll
     assert statistics.median(latencies) < 0.1, latencies
     assert latencies[-1] < 0.5, latencies
+
+
+async def test_killed_attention_publisher_leaves_no_work_without_a_signal(url: str) -> None:
+    async with await fairq.connect(url) as broker:
+        await broker.declare_attention("market")
+    child = spawn("attention", url, 20)
+    for _ in range(3):
+        read_line(child, "round")
+    child.send_signal(signal.SIGKILL)  # somewhere inside a publish
+    child.wait()
+    async with await fairq.connect(url) as broker:
+        a = broker.attention("market")
+        keys = await a.key_stats(top=100)
+        with_work = [k for k in keys if k.backlog]
+        assert with_work, "the publisher got some work in"
+        assert all(k.pending == 1 for k in with_work), [(k.key, k.backlog, k.pending) for k in keys]
+        assert all(k.backlog % 3 == 0 for k in keys), "each publish_batch is whole or absent"
+        assert await a.reconcile() == 0, "no work was left without its signal"
