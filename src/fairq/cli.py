@@ -1,6 +1,8 @@
-"""The ``fairq`` command line: send, receive, stats, redrive, worker, demo, bench.
+"""The ``fairq`` command line: serve, send, receive, stats, redrive, worker, demo, bench.
 
-Every command takes ``--url`` (default ``$FAIRQ_URL``, else ``sqlite:///fairq.db``).
+Every command takes ``--url`` (default ``$FAIRQ_URL``, else ``sqlite:///fairq.db``);
+send, receive, stats, redrive and publish also take ``--server http://host:port``
+(``$FAIRQ_SERVER``, with ``--api-key``/``$FAIRQ_API_KEY``) to go through a ``fairq serve``.
 Tables and progress bars come from rich; long work shows a progress bar.
 """
 
@@ -12,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console, Group
@@ -25,6 +27,9 @@ from .broker import Broker, connect
 from .errors import FairqError
 from .queue import QueueStats
 from .worker import Worker
+
+if TYPE_CHECKING:
+    from .http.client import Client
 
 app = typer.Typer(
     name="fairq",
@@ -43,6 +48,32 @@ UrlOption = Annotated[
         "--url", "-u", envvar="FAIRQ_URL", help="Backend URL (default sqlite:///fairq.db)."
     ),
 ]
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        "-s",
+        envvar="FAIRQ_SERVER",
+        help="Go through a fairq server (http://host:port) instead of --url.",
+    ),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="FAIRQ_API_KEY", help="API key for --server."),
+]
+
+
+async def _open(url: str | None, server: str | None, api_key: str | None) -> Broker | Client:
+    """The broker at ``url``, or a client of the server at ``server``."""
+    if server:
+        try:
+            from .http.client import Client
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise typer.BadParameter(
+                f"--server needs httpx: pip install 'fairq[server]' ({exc})"
+            ) from exc
+        return Client(server, api_key)
+    return await connect(url)
 
 
 def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
@@ -104,6 +135,8 @@ def send(
         bool, typer.Option(help="Declare the queue first if it does not exist.")
     ] = True,
     url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Send a message (or --count copies) and print the id(s)."""
     data = sys.stdin.buffer.read() if body is None or body == "-" else body.encode()
@@ -112,7 +145,7 @@ def send(
     async def main() -> None:
         from .message import Outgoing
 
-        async with await connect(url) as broker:
+        async with await _open(url, server, api_key) as broker:
             q = broker.queue(queue)
             if declare and queue not in await broker.list_queues(prefix=queue):
                 q = await broker.declare_queue(queue)
@@ -143,11 +176,13 @@ def receive(
     ] = True,
     peek: Annotated[bool, typer.Option(help="Show messages without leasing them.")] = False,
     url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Receive messages, print them as a table, and ack them."""
 
     async def main() -> None:
-        async with await connect(url) as broker:
+        async with await _open(url, server, api_key) as broker:
             q = broker.queue(queue)
             msgs = await q.peek(max_messages) if peek else await q.receive(max_messages, wait=wait)
             if not msgs:
@@ -174,7 +209,7 @@ def receive(
 
 
 # -- stats ---------------------------------------------------------------------------------
-async def stats_table(broker: Broker, names: list[str] | None = None) -> Table:
+async def stats_table(broker: Broker | Client, names: list[str] | None = None) -> Table:
     """A table of every queue's counts, ages and counters."""
     names = names or await broker.list_queues()
     all_stats: dict[str, QueueStats] = {}
@@ -229,11 +264,13 @@ def stats(
     ] = None,
     watch: Annotated[bool, typer.Option(help="Refresh every second until Ctrl-C.")] = False,
     url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Show queue statistics as a table."""
 
     async def main() -> None:
-        async with await connect(url) as broker:
+        async with await _open(url, server, api_key) as broker:
             if not watch:
                 console.print(await stats_table(broker, queues))
                 return
@@ -256,11 +293,13 @@ def redrive(
     ] = None,
     limit: Annotated[int | None, typer.Option(help="Move at most this many.")] = None,
     url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Move dead-lettered messages back to their source queue (or --to another)."""
 
     async def main() -> None:
-        async with await connect(url) as broker:
+        async with await _open(url, server, api_key) as broker:
             total = (await broker.queue(queue).stats()).visible
             if limit is not None:
                 total = min(total, limit)
@@ -295,13 +334,15 @@ def publish(
     ] = "",
     dedup_id: Annotated[str | None, typer.Option("--dedup-id", help="Deduplication id.")] = None,
     url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
 ) -> None:
     """Publish a message to a topic; print its id and the subscriptions that got a copy."""
     data = sys.stdin.buffer.read() if body is None or body == "-" else body.encode()
     attrs = _parse_attrs(attr)
 
     async def main() -> None:
-        async with await connect(url) as broker:
+        async with await _open(url, server, api_key) as broker:
             r = await broker.topic(topic).publish(data, attrs, routing_key=key, dedup_id=dedup_id)
             copies = (
                 ", ".join(r.subscriptions)
@@ -515,6 +556,75 @@ def attention(
                     live.update(await attention_tables(broker, domain, top))
 
     _run(main)
+
+
+# -- serve ---------------------------------------------------------------------------------
+@app.command()
+def serve(
+    url: UrlOption = None,
+    host: Annotated[
+        str, typer.Option(envvar="FAIRQ_HOST", help="Address to listen on (loopback by default).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="FAIRQ_PORT", help="Port to listen on.")] = 8040,
+    workers: Annotated[
+        bool,
+        typer.Option(
+            "--workers/--no-workers",
+            help="Also deliver push subscriptions and run the attention reconcilers here.",
+        ),
+    ] = False,
+    max_batch: Annotated[int, typer.Option(help="Most messages per request.")] = 100,
+    max_body: Annotated[
+        int | None,
+        typer.Option(help="Largest request body in bytes (default: max message size x batch)."),
+    ] = None,
+    sample_interval: Annotated[
+        float, typer.Option(help="Seconds between the dashboard's stats samples.")
+    ] = 2.0,
+    log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "info",
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Serve the REST API, the live dashboard and /metrics (http://127.0.0.1:8040).
+
+    API keys come from FAIRQ_API_KEYS ("KEY:admin,KEY2:send+receive", see docs/server.md);
+    without keys the server listens on loopback only.
+    """
+    try:
+        from .http.serve import ServeOptions, prepare
+        from .http.serve import serve as run_server
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        err_console.print(
+            f"[red]error:[/red] fairq serve needs: pip install 'fairq[server]' ({exc})"
+        )
+        raise typer.Exit(2) from None
+    options = ServeOptions(
+        url=url,
+        host=host,
+        port=port,
+        workers=workers,
+        api_keys=os.environ.get("FAIRQ_API_KEYS"),
+        max_body=max_body,
+        max_batch=max_batch,
+        sample_interval=sample_interval,
+        log_level=log_level,
+        access_log=access_log,
+    )
+    try:
+        keys = prepare(options)
+    except FairqError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    from .broker import DEFAULT_URL, mask_url
+
+    shown = f"[{host}]" if ":" in host else host
+    backend = mask_url(url or os.environ.get("FAIRQ_URL") or DEFAULT_URL)
+    console.print(
+        f"fairq serve: dashboard [bold]http://{shown}:{port}/[/bold] · API /v1 · "
+        f"/openapi.json · /metrics — backend {backend} · "
+        + ("API keys on" if keys.enabled else "no API keys (loopback only)")
+        + (" · push deliveries and reconcilers on" if workers else "")
+    )
+    run_server(options)
 
 
 # -- worker --------------------------------------------------------------------------------

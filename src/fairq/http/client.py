@@ -1,0 +1,225 @@
+"""``fairq.http.Client``: the in-process API's method names, over HTTP (httpx).
+
+    from fairq.http import Client
+
+    async with Client("http://127.0.0.1:8040", api_key="...") as fq:
+        q = await fq.declare_queue("ticket-pdf", max_attempts=5)
+        await q.send({"order": "o-7731"})
+        for msg in await q.receive(max_messages=10, wait=20):    # long poll
+            print(msg.json())
+            await msg.ack()                                       # or nack/extend/dead_letter
+        await fq.topic("order-events").publish({"order": "o-1"}, routing_key="order.new")
+        await fq.attention("marketplace").publish("store-873", {"sync": "stock"})
+
+Received messages are :class:`fairq.Received` objects; their ``ack``, ``nack``,
+``extend`` and ``dead_letter`` go to the server by receipt. Stats come back as the
+library's own dataclasses (``QueueStats``, ``TopicStats``, ``AttentionStats``,
+``KeyStats``), and error answers as the fairq exception the server mapped them from
+(``QueueNotFound``, ``LeaseLost``, ``QueueFull`` ...; anything else as
+:class:`~fairq.http.errors.RemoteError`). Bodies go as the in-process API takes them:
+bytes (sent base64), str (text), or any JSON value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import httpx
+import orjson
+
+from ..attention import Plan
+from ..clock import Clock, SystemClock
+from ..queue import QueueStats
+from .errors import RemoteError, exception_from
+from .remote import RemoteAttention, RemoteQueue, RemoteTopic, dataclass_from
+
+__all__ = ["DEFAULT_SERVER", "Client"]
+
+DEFAULT_SERVER = "http://127.0.0.1:8040"
+
+
+class Client:
+    """A connection to a ``fairq serve``; see the module docstring.
+
+    ``transport`` is handed to httpx (``httpx.ASGITransport(app=...)`` talks to an app in
+    the same process, as the tests do).
+    """
+
+    def __init__(
+        self,
+        server: str = DEFAULT_SERVER,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.url = server.rstrip("/")
+        self.timeout = timeout
+        self.clock: Clock = SystemClock()
+        self._http = httpx.AsyncClient(
+            base_url=self.url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the connections."""
+        await self._http.aclose()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+        wait: float = 0.0,
+    ) -> Any:
+        """One API call; the decoded JSON answer (None for 204), or the mapped error."""
+        content = orjson.dumps(json) if json is not None else None
+        response = await self._http.request(
+            method,
+            path,
+            content=content,
+            params=params,
+            headers={"Content-Type": "application/json"} if content is not None else None,
+            timeout=self.timeout + wait,
+        )
+        if response.status_code == 204:
+            return None
+        try:
+            data = orjson.loads(response.content) if response.content else None
+        except orjson.JSONDecodeError:
+            data = None
+        if response.is_success:
+            return data
+        if isinstance(data, dict) and "error" in data:
+            raise exception_from(response.status_code, data["error"], data.get("detail", ""))
+        raise RemoteError(response.status_code, "http_error", response.text[:200])
+
+    # -- queues ----------------------------------------------------------------------------
+    async def declare_queue(self, name: str, **options: Any) -> RemoteQueue:
+        """Create a queue or update its options (``declare_queue``'s keywords)."""
+        await self.request("PUT", f"/v1/queues/{name}", options)
+        return self.queue(name)
+
+    def queue(self, name: str) -> RemoteQueue:
+        """A handle to a queue on the server."""
+        return RemoteQueue(self, name)
+
+    async def delete_queue(self, name: str) -> bool:
+        """Delete a queue and its messages; False if there was none."""
+        from ..errors import QueueNotFound
+
+        try:
+            await self.request("DELETE", f"/v1/queues/{name}")
+        except QueueNotFound:
+            return False
+        return True
+
+    async def list_queues(self, prefix: str = "") -> list[str]:
+        """Names of the queues that start with ``prefix``, sorted."""
+        return list(await self.queue_stats(prefix))
+
+    async def queue_stats(self, prefix: str = "") -> dict[str, QueueStats]:
+        """Every queue starting with ``prefix`` and its stats, in one call."""
+        data = await self.request("GET", "/v1/queues", params={"prefix": prefix})
+        return {q["name"]: dataclass_from(QueueStats, q["stats"]) for q in data["queues"]}
+
+    async def redrive(self, queue: str, to: str | None = None, limit: int | None = None) -> int:
+        """Move dead letters back to their source queue (or ``to``); how many moved."""
+        data = await self.request("POST", f"/v1/queues/{queue}/redrive", {"to": to, "limit": limit})
+        return int(data["moved"])
+
+    # -- topics ----------------------------------------------------------------------------
+    async def declare_topic(self, name: str, *, dedup_window: float = 300.0) -> RemoteTopic:
+        """Create a topic (or update its options)."""
+        await self.request("PUT", f"/v1/topics/{name}", {"dedup_window": dedup_window})
+        return self.topic(name)
+
+    def topic(self, name: str) -> RemoteTopic:
+        """A handle to a topic on the server."""
+        return RemoteTopic(self, name)
+
+    async def delete_topic(self, name: str) -> bool:
+        """Delete a topic, its subscriptions and their queues; False if there was none."""
+        from ..errors import TopicNotFound
+
+        try:
+            await self.request("DELETE", f"/v1/topics/{name}")
+        except TopicNotFound:
+            return False
+        return True
+
+    async def list_topics(self, prefix: str = "") -> list[str]:
+        """Names of the topics that start with ``prefix``, sorted."""
+        data = await self.request("GET", "/v1/topics", params={"prefix": prefix})
+        return [t["name"] for t in data["topics"]]
+
+    # -- attention -------------------------------------------------------------------------
+    async def declare_attention(
+        self,
+        domain: str,
+        *,
+        plans: Mapping[str, Plan] | None = None,
+        default_plan: str = "basic",
+        work_queue: str = "process.{domain}.{key}.work",
+        queue_options: Mapping[str, Any] | None = None,
+        slice_lease: float = 30.0,
+    ) -> RemoteAttention:
+        """Create an attention domain (or update its options)."""
+        body: dict[str, Any] = {
+            "default_plan": default_plan,
+            "work_queue": work_queue,
+            "slice_lease": slice_lease,
+        }
+        if plans is not None:
+            body["plans"] = {n: p.to_dict() for n, p in plans.items()}
+        if queue_options is not None:
+            body["queue_options"] = dict(queue_options)
+        await self.request("PUT", f"/v1/attention/{domain}", body)
+        return self.attention(domain)
+
+    def attention(self, domain: str) -> RemoteAttention:
+        """A handle to an attention domain on the server."""
+        return RemoteAttention(self, domain)
+
+    async def list_attention(self, prefix: str = "") -> list[str]:
+        """Names of the attention domains that start with ``prefix``, sorted."""
+        data = await self.request("GET", "/v1/attention", params={"prefix": prefix})
+        return [d["name"] for d in data["domains"]]
+
+    async def delete_attention(self, domain: str) -> bool:
+        """Delete an attention domain's keys and signals; False if there was none."""
+        from ..errors import AttentionNotFound
+
+        try:
+            await self.request("DELETE", f"/v1/attention/{domain}")
+        except AttentionNotFound:
+            return False
+        return True
+
+    # -- the server ------------------------------------------------------------------------
+    async def overview(self) -> dict[str, Any]:
+        """What the dashboard shows (queues with measured rates, topics, domains)."""
+        data: dict[str, Any] = await self.request("GET", "/v1/overview")
+        return data
+
+    async def health(self) -> dict[str, Any]:
+        """``/healthz``."""
+        data: dict[str, Any] = await self.request("GET", "/healthz")
+        return data

@@ -1,0 +1,231 @@
+"""``/metrics``: Prometheus text format (prometheus-client).
+
+A custom collector turns stats read fresh at each scrape into metric families:
+
+* per queue: gauges ``fairq_queue_visible``, ``_in_flight``, ``_delayed``,
+  ``_oldest_age_seconds``, ``_freshness_slo_seconds`` and ``_freshness_breach`` (1 while
+  the oldest message is older than the SLO), counters ``fairq_queue_sent_total``,
+  ``_acked_total``, ``_nacked_total``, ``_redelivered_total``, ``_dead_lettered_total``,
+  ``_expired_total``, ``_discarded_total``;
+* per topic: ``fairq_topic_published_total``, ``_copies_total``, ``_unmatched_total``,
+  gauge ``fairq_topic_subscriptions``;
+* per attention domain: gauges ``fairq_attention_keys``, ``_signals_pending``,
+  ``_slices``, counters ``fairq_attention_processed_total``, ``_republished_total``,
+  ``_blocked_total``, ``_rate_limited_total``, ``_empty_total``, ``_parked_total``,
+  ``_reconciled_total``, ``_discarded_total{state}``;
+* the server: histogram ``fairq_http_request_duration_seconds{method,route,status}``
+  (``route`` is the route template, so label values stay few).
+
+The registry is the app's own, never prometheus-client's global one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ..attention import AttentionStats
+from ..broker import Broker
+from ..pubsub import TopicStats
+from ..queue import QueueStats
+from .middleware import Receive, Scope, Send
+
+__all__ = ["CONTENT_TYPE", "Metrics", "RequestTimer"]
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_QUEUE_COUNTERS = (
+    "sent",
+    "acked",
+    "nacked",
+    "redelivered",
+    "dead_lettered",
+    "expired",
+    "discarded",
+)
+_ATTENTION_COUNTERS = (
+    "processed",
+    "republished",
+    "blocked",
+    "rate_limited",
+    "empty",
+    "parked",
+    "reconciled",
+)
+
+
+@dataclass(slots=True)
+class Readings:
+    """Stats read for one scrape."""
+
+    queues: dict[str, QueueStats] = field(default_factory=dict)
+    topics: dict[str, TopicStats] = field(default_factory=dict)
+    attention: dict[str, AttentionStats] = field(default_factory=dict)
+
+
+class StatsCollector(Collector):
+    """Yields the metric families of the readings taken just before the scrape."""
+
+    def __init__(self) -> None:
+        self.readings = Readings()
+
+    def collect(self) -> Iterable[Metric]:
+        r = self.readings
+        gauges = {
+            name: GaugeMetricFamily(f"fairq_queue_{name}", text, labels=["queue"])
+            for name, text in (
+                ("visible", "Messages a receiver could take now"),
+                ("in_flight", "Messages leased and not yet acked"),
+                ("delayed", "Messages waiting for their delay or nack delay"),
+                ("oldest_age_seconds", "Age of the oldest message not yet acked"),
+                ("freshness_slo_seconds", "The queue's freshness SLO (queues that set one)"),
+                ("freshness_breach", "1 while oldest_age exceeds the freshness SLO"),
+            )
+        }
+        counters = {
+            name: CounterMetricFamily(
+                f"fairq_queue_{name}", f"Messages {name.replace('_', ' ')}", labels=["queue"]
+            )
+            for name in _QUEUE_COUNTERS
+        }
+        for queue, s in r.queues.items():
+            gauges["visible"].add_metric([queue], s.visible)
+            gauges["in_flight"].add_metric([queue], s.in_flight)
+            gauges["delayed"].add_metric([queue], s.delayed)
+            gauges["oldest_age_seconds"].add_metric([queue], s.oldest_age)
+            gauges["freshness_breach"].add_metric([queue], 1.0 if s.breaching else 0.0)
+            if s.freshness_slo is not None:
+                gauges["freshness_slo_seconds"].add_metric([queue], s.freshness_slo)
+            for name in _QUEUE_COUNTERS:
+                counters[name].add_metric([queue], getattr(s, name))
+        yield from gauges.values()
+        yield from counters.values()
+
+        topic = {
+            n: CounterMetricFamily(f"fairq_topic_{n}", text, labels=["topic"])
+            for n, text in (
+                ("published", "Messages published"),
+                ("copies", "Copies stored in subscriptions"),
+                ("unmatched", "Publishes no subscription matched"),
+            )
+        }
+        subs = GaugeMetricFamily("fairq_topic_subscriptions", "Subscriptions", labels=["topic"])
+        for name, t in r.topics.items():
+            for n, family in topic.items():
+                family.add_metric([name], getattr(t, n))
+            subs.add_metric([name], t.subscriptions)
+        yield from topic.values()
+        yield subs
+
+        a_gauges = {
+            n: GaugeMetricFamily(f"fairq_attention_{n}", text, labels=["domain"])
+            for n, text in (
+                ("keys", "Keys of the domain"),
+                ("signals_pending", "Signals waiting in the attention queue"),
+                ("slices", "Slices running now"),
+            )
+        }
+        a_counters = {
+            n: CounterMetricFamily(
+                f"fairq_attention_{n}", f"Attention {n.replace('_', ' ')}", labels=["domain"]
+            )
+            for n in _ATTENTION_COUNTERS
+        }
+        discarded = CounterMetricFamily(
+            "fairq_attention_discarded",
+            "Signals dropped for a key's state",
+            labels=["domain", "state"],
+        )
+        for domain, a in r.attention.items():
+            a_gauges["keys"].add_metric([domain], a.keys)
+            a_gauges["signals_pending"].add_metric([domain], a.signals_pending)
+            a_gauges["slices"].add_metric([domain], a.slices)
+            for n in _ATTENTION_COUNTERS:
+                a_counters[n].add_metric([domain], getattr(a, n))
+            for state, count in sorted(a.discarded.items()):
+                discarded.add_metric([domain, state], count)
+        yield from a_gauges.values()
+        yield from a_counters.values()
+        yield discarded
+
+
+class Metrics:
+    """The app's registry: the request histogram and the stats collector."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Histogram(
+            "fairq_http_request_duration_seconds",
+            "Time to answer an HTTP request (streams excluded)",
+            ["method", "route", "status"],
+            registry=self.registry,
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+        )
+        self.stats = StatsCollector()
+        self.registry.register(self.stats)
+
+    async def read(self, broker: Broker, queues: dict[str, QueueStats]) -> Readings:
+        """Fresh readings of topics and attention domains beside ``queues``."""
+        r = Readings(queues=queues)
+        for name in await broker.list_topics():
+            try:
+                r.topics[name] = await broker.topic(name).stats()
+            except LookupError:
+                continue
+        for name in await broker.list_attention():
+            try:
+                r.attention[name] = await broker.attention(name).stats()
+            except LookupError:
+                continue
+        return r
+
+    def render(self, readings: Readings) -> bytes:
+        """The text exposition with ``readings`` (no await in between: scrapes never mix)."""
+        self.stats.readings = readings
+        try:
+            return generate_latest(self.registry)
+        finally:
+            self.stats.readings = Readings()
+
+
+class RequestTimer:
+    """ASGI middleware timing every request into the histogram, labelled with the route
+    template a handler put in ``scope["fairq.route"]`` (streams set ``fairq.stream``)."""
+
+    def __init__(self, app: object, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)  # type: ignore[operator]
+            return
+        start = time.perf_counter()
+        status = 500
+
+        async def timed_send(message: dict[str, object]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])  # type: ignore[call-overload]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, timed_send)  # type: ignore[operator]
+        finally:
+            if not scope.get("fairq.stream"):
+                route = scope.get("fairq.route") or _other(scope["path"])
+                self.metrics.requests.labels(scope["method"], route, str(status)).observe(
+                    time.perf_counter() - start
+                )
+
+
+def _other(path: str) -> str:
+    if path in ("/metrics", "/healthz", "/openapi.json", "/", "/login", "/logout"):
+        return path
+    if path.startswith("/static/"):
+        return "/static"
+    return "other"

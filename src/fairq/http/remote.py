@@ -1,0 +1,438 @@
+"""The handles of :class:`fairq.http.Client`: a queue, topic, attention domain and
+received message on a ``fairq serve`` server, with the method names of their in-process
+twins (:class:`fairq.Queue`, :class:`fairq.Topic`, :class:`fairq.Attention`,
+:class:`fairq.Received`).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from dataclasses import fields
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import orjson
+
+from ..attention import AttentionStats, KeyStats
+from ..errors import LeaseLost
+from ..message import Outgoing, Received
+from ..pubsub import PublishResult, TopicStats
+from ..queue import QueueConfig, QueueStats
+from .errors import RemoteError, exception_from
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = [
+    "RemoteAttention",
+    "RemoteListener",
+    "RemoteQueue",
+    "RemoteReceived",
+    "RemoteTopic",
+    "dataclass_from",
+]
+
+
+def _message_json(body: object) -> dict[str, Any]:
+    if isinstance(body, bytes | bytearray | memoryview):
+        return {"body": base64.b64encode(bytes(body)).decode("ascii"), "encoding": "base64"}
+    if isinstance(body, str):
+        return {"body": body, "encoding": "text"}
+    return {"body": body}
+
+
+def _outgoing(m: Outgoing, topic: bool = False) -> dict[str, Any]:
+    out = _message_json(m.body)
+    if m.attributes:
+        out["attributes"] = dict(m.attributes)
+    if m.delay:
+        out["delay"] = m.delay
+    if m.dedup_id is not None:
+        out["dedup_id"] = m.dedup_id
+    if topic:
+        if m.routing_key:
+            out["routing_key"] = m.routing_key
+    else:
+        if m.priority:
+            out["priority"] = m.priority
+        if m.group is not None:
+            out["group"] = m.group
+    return out
+
+
+def dataclass_from(cls: Any, data: Mapping[str, Any]) -> Any:
+    known = {f.name for f in fields(cls)}
+    return cls(**{k: v for k, v in data.items() if k in known})
+
+
+class RemoteReceived(Received):
+    """A message received through a server; settling it goes back over HTTP."""
+
+    __slots__ = ("_remote",)
+
+    def __init__(self, remote: RemoteQueue, data: Mapping[str, Any]) -> None:
+        raw = data["body"]
+        body = base64.b64decode(raw) if data["encoding"] == "base64" else raw.encode("utf-8")
+        super().__init__(
+            data["id"],
+            body,
+            dict(data["attributes"]),
+            data["attempt"],
+            data["enqueued_at"],
+            data["priority"],
+            data["group"],
+            data["receipt"],
+            data["queue"],
+            data.get("key"),
+        )
+        self._remote = remote
+
+    async def ack(self) -> None:
+        """Delete the message (``LeaseLost`` if its lease is gone)."""
+        await self._remote.ack_batch([self.receipt])
+
+    async def nack(self, delay: float = 0.0) -> None:
+        """Give the message back, visible again after ``delay`` seconds."""
+        await self._remote._post("nack", {"receipt": self.receipt, "delay": delay})
+
+    async def extend(self, seconds: float) -> None:
+        """Keep the lease until ``seconds`` from now."""
+        lost = await self._remote.extend_batch([self.receipt], seconds)
+        if lost:
+            raise LeaseLost(lost)
+
+    async def dead_letter(self, reason: str = "rejected") -> None:
+        """Move the message to the dead-letter queue at once."""
+        await self._remote._post("dead-letter", {"receipt": self.receipt, "reason": reason})
+
+
+class RemoteQueue:
+    """A queue on a server; the methods of :class:`fairq.Queue`."""
+
+    __slots__ = ("_client", "name")
+
+    def __init__(self, client: Client, name: str) -> None:
+        self._client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"RemoteQueue({self.name!r})"
+
+    async def _post(self, op: str, body: Any, wait: float = 0.0) -> Any:
+        return await self._client.request("POST", f"/v1/queues/{self.name}/{op}", body, wait=wait)
+
+    async def send(
+        self,
+        body: object,
+        attributes: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        group: str | None = None,
+        dedup_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Store one message; its id."""
+        (mid,) = await self.send_batch(
+            [Outgoing(body, attributes, delay, priority, group, dedup_id)], timeout
+        )
+        return mid
+
+    async def send_batch(
+        self, messages: Iterable[Outgoing], timeout: float | None = None
+    ) -> list[str]:
+        """Store all messages or none; their ids in order."""
+        items = [_outgoing(m) for m in messages]
+        if not items:
+            return []
+        body = {"messages": items, "timeout": timeout or 0.0}
+        data = await self._post("messages", body, wait=timeout or 0.0)
+        return list(data["ids"])
+
+    async def receive(
+        self, max_messages: int = 1, visibility_timeout: float | None = None, wait: float = 0.0
+    ) -> list[Received]:
+        """Lease up to ``max_messages``; ``wait`` long-polls."""
+        body = {
+            "max_messages": max_messages,
+            "visibility_timeout": visibility_timeout,
+            "wait": wait,
+        }
+        data = await self._post("receive", body, wait=wait)
+        return [RemoteReceived(self, m) for m in data["messages"]]
+
+    async def ack_batch(self, receipts: Sequence[str]) -> None:
+        """Ack many deliveries; ``LeaseLost`` lists the lost ones after the others are acked."""
+        if not receipts:
+            return
+        data = await self._post("ack", {"receipts": list(receipts)})
+        if data["lost"]:
+            raise LeaseLost(data["lost"])
+
+    async def extend_batch(self, receipts: Sequence[str], seconds: float) -> list[str]:
+        """Extend leases; the receipts whose lease was gone."""
+        data = await self._post("extend", {"receipts": list(receipts), "seconds": seconds})
+        return list(data["lost"])
+
+    async def stats(self) -> QueueStats:
+        """The queue's counts and counters."""
+        data = await self._client.request("GET", f"/v1/queues/{self.name}")
+        stats: QueueStats = dataclass_from(QueueStats, data["stats"])
+        return stats
+
+    async def config(self) -> QueueConfig:
+        """The options the queue is declared with."""
+        data = await self._client.request("GET", f"/v1/queues/{self.name}")
+        return QueueConfig.from_dict(data["config"])
+
+    async def purge(self) -> int:
+        """Delete every message; how many."""
+        return int((await self._post("purge", None))["purged"])
+
+    async def peek(self, limit: int = 10) -> list[Received]:
+        """Messages in delivery order, not leased (receipt is "")."""
+        data = await self._client.request(
+            "GET", f"/v1/queues/{self.name}/messages", params={"limit": limit}
+        )
+        return [RemoteReceived(self, m) for m in data["messages"]]
+
+
+class RemoteTopic:
+    """A topic on a server; the methods of :class:`fairq.Topic`."""
+
+    __slots__ = ("_client", "name")
+
+    def __init__(self, client: Client, name: str) -> None:
+        self._client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"RemoteTopic({self.name!r})"
+
+    async def subscribe(
+        self,
+        name: str,
+        filter: Mapping[str, Any] | None = None,
+        routing: str | None = None,
+        push: str | None = None,
+        **queue_options: Any,
+    ) -> RemoteQueue:
+        """Create (or update) a subscription; its queue ``<topic>.<name>``."""
+        data = await self._client.request(
+            "PUT",
+            f"/v1/topics/{self.name}/subscriptions/{name}",
+            {"filter": filter, "routing": routing, "push": push, "queue_options": queue_options},
+        )
+        return RemoteQueue(self._client, data["queue"])
+
+    async def unsubscribe(self, name: str) -> bool:
+        """Remove a subscription and delete its queue; False if there was none."""
+        try:
+            await self._client.request("DELETE", f"/v1/topics/{self.name}/subscriptions/{name}")
+        except RemoteError as exc:
+            if exc.status == 404:
+                return False
+            raise
+        return True
+
+    async def subscriptions(self) -> list[dict[str, Any]]:
+        """The topic's subscriptions (topic, name, queue, filter, routing, push)."""
+        data = await self._client.request("GET", f"/v1/topics/{self.name}/subscriptions")
+        return list(data["subscriptions"])
+
+    async def publish(
+        self,
+        body: object,
+        attributes: Mapping[str, str] | None = None,
+        routing_key: str = "",
+        dedup_id: str | None = None,
+        delay: float = 0.0,
+        timeout: float | None = None,
+    ) -> PublishResult:
+        """Copy a message into every matching subscription (all or none)."""
+        (result,) = await self.publish_batch(
+            [Outgoing(body, attributes, delay=delay, dedup_id=dedup_id, routing_key=routing_key)],
+            timeout,
+        )
+        return result
+
+    async def publish_batch(
+        self, messages: Iterable[Outgoing], timeout: float | None = None
+    ) -> list[PublishResult]:
+        """Publish many messages in one atomic step."""
+        items = [_outgoing(m, topic=True) for m in messages]
+        if not items:
+            return []
+        data = await self._client.request(
+            "POST",
+            f"/v1/topics/{self.name}/messages",
+            {"messages": items, "timeout": timeout or 0.0},
+            wait=timeout or 0.0,
+        )
+        return [PublishResult(r["message_id"], r["subscriptions"]) for r in data["results"]]
+
+    async def stats(self) -> TopicStats:
+        """The topic's counters."""
+        data = await self._client.request("GET", f"/v1/topics/{self.name}")
+        stats: TopicStats = dataclass_from(TopicStats, data["stats"])
+        return stats
+
+    def listen(
+        self,
+        routing: str | None = None,
+        filter: Mapping[str, Any] | None = None,
+        buffer: int = 1000,
+    ) -> RemoteListener:
+        """Listen live through the server's stream endpoint (at most once)."""
+        params: dict[str, Any] = {"buffer": buffer}
+        if routing is not None:
+            params["routing"] = routing
+        if filter is not None:
+            params["filter"] = orjson.dumps(filter).decode()
+        return RemoteListener(self._client, f"/v1/topics/{self.name}/stream", params)
+
+
+class RemoteListener:
+    """``async for msg in topic.listen(): ...`` over Server-Sent Events. ``dropped``
+    counts what the server's buffer lost while this listener was slow."""
+
+    def __init__(self, client: Client, path: str, params: dict[str, Any]) -> None:
+        self._client = client
+        self._path = path
+        self._params = params
+        self._stream: AsyncIterator[Received] | None = None
+        self._response: httpx.Response | None = None
+        self.dropped = 0
+
+    def __aiter__(self) -> RemoteListener:
+        return self
+
+    async def __anext__(self) -> Received:
+        if self._stream is None:
+            self._stream = self._events()
+        return await self._stream.__anext__()
+
+    async def _events(self) -> AsyncIterator[Received]:
+        http = self._client._http
+        request = http.build_request("GET", self._path, params=self._params, timeout=None)
+        response = await http.send(request, stream=True)
+        self._response = response
+        if not response.is_success:
+            await response.aread()
+            data = orjson.loads(response.content)
+            raise exception_from(response.status_code, data["error"], data.get("detail", ""))
+        event, data_lines = "message", list[str]()
+        queue = RemoteQueue(self._client, self._path.split("/")[3])
+        async for line in response.aiter_lines():
+            if line.startswith(":"):
+                continue
+            if not line:
+                if data_lines:
+                    payload = "\n".join(data_lines)
+                    if event == "message":
+                        yield RemoteReceived(queue, orjson.loads(payload))
+                    elif event == "dropped":
+                        self.dropped = int(payload)
+                event, data_lines = "message", list[str]()
+                continue
+            name, _, value = line.partition(":")
+            value = value[1:] if value.startswith(" ") else value
+            if name == "event":
+                event = value
+            elif name == "data":
+                data_lines.append(value)
+
+    async def close(self) -> None:
+        """Stop listening."""
+        if self._response is not None:
+            await self._response.aclose()
+
+    async def __aenter__(self) -> RemoteListener:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class RemoteAttention:
+    """An attention domain on a server; the methods of :class:`fairq.Attention`."""
+
+    __slots__ = ("_client", "name")
+
+    def __init__(self, client: Client, name: str) -> None:
+        self._client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"RemoteAttention({self.name!r})"
+
+    @property
+    def queue_name(self) -> str:
+        return f"attention.{self.name}.work"
+
+    async def publish(
+        self,
+        key: str,
+        body: object,
+        attributes: Mapping[str, str] | None = None,
+        delay: float = 0.0,
+        priority: int = 0,
+        group: str | None = None,
+        dedup_id: str | None = None,
+        timeout: float | None = None,
+    ) -> str:
+        """Store a work message for ``key`` and signal the key, atomically; its id."""
+        (mid,) = await self.publish_batch(
+            key, [Outgoing(body, attributes, delay, priority, group, dedup_id)], timeout
+        )
+        return mid
+
+    async def publish_batch(
+        self, key: str, messages: list[Outgoing], timeout: float | None = None
+    ) -> list[str]:
+        """Publish many work messages for one key in one atomic step."""
+        items = [_outgoing(m) for m in messages]
+        if not items:
+            return []
+        data = await self._client.request(
+            "POST",
+            f"/v1/attention/{self.name}/keys/{key}/messages",
+            {"messages": items, "timeout": timeout or 0.0},
+            wait=timeout or 0.0,
+        )
+        return list(data["ids"])
+
+    async def set_resource(
+        self,
+        key: str,
+        plan: str | None = None,
+        state: str | None = None,
+        tenant: str | None = None,
+    ) -> None:
+        """Set a key's plan, state and/or tenant."""
+        await self._client.request(
+            "PATCH",
+            f"/v1/attention/{self.name}/keys/{key}",
+            {"plan": plan, "state": state, "tenant": tenant},
+        )
+
+    async def remove(self, key: str, purge: bool = False) -> None:
+        """Mark ``key`` removed; ``purge`` also deletes its waiting messages."""
+        await self._client.request(
+            "DELETE",
+            f"/v1/attention/{self.name}/keys/{key}",
+            params={"purge": "true" if purge else "false"},
+        )
+
+    async def stats(self) -> AttentionStats:
+        """The domain's counters."""
+        data = await self._client.request("GET", f"/v1/attention/{self.name}")
+        stats: AttentionStats = dataclass_from(AttentionStats, data["stats"])
+        return stats
+
+    async def key_stats(self, top: int = 50) -> list[KeyStats]:
+        """The ``top`` keys by backlog."""
+        data = await self._client.request(
+            "GET", f"/v1/attention/{self.name}/keys", params={"top": top}
+        )
+        return [dataclass_from(KeyStats, k) for k in data["keys"]]

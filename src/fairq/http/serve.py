@@ -1,0 +1,72 @@
+"""``fairq serve``: run the app under uvicorn (the CLI's ``serve`` command calls
+:func:`serve`).
+
+API keys come from ``FAIRQ_API_KEYS`` (see :mod:`fairq.http.auth`); without keys the
+server refuses any address but loopback, and says why.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from .api import Limits
+from .auth import KeyRing, check_bind
+
+__all__ = ["ServeOptions", "serve"]
+
+log = logging.getLogger("fairq.http")
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    """What ``fairq serve`` was asked for."""
+
+    url: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8040
+    workers: bool = False
+    api_keys: str | None = None
+    max_body: int | None = None
+    max_batch: int = 100
+    max_wait: float = 20.0
+    sample_interval: float = 2.0
+    reconcile_interval: float = 30.0
+    log_level: str = "info"
+    access_log: bool = False
+
+
+def prepare(options: ServeOptions) -> KeyRing:
+    """Parse the keys and check the address; raise ``InvalidOption`` saying what is wrong."""
+    keys = KeyRing.parse(options.api_keys)
+    check_bind(options.host, keys)
+    return keys
+
+
+def serve(options: ServeOptions) -> None:
+    """Serve until SIGINT/SIGTERM."""
+    import uvicorn
+
+    from .app import create_app
+
+    keys = prepare(options)
+    app = create_app(
+        url=options.url,
+        keys=keys,
+        limits=Limits(
+            max_batch=options.max_batch, max_wait=options.max_wait, max_body=options.max_body
+        ),
+        sample_interval=options.sample_interval,
+        workers=options.workers,
+        reconcile_interval=options.reconcile_interval,
+    )
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level.lower(),
+        access_log=options.access_log,
+        timeout_graceful_shutdown=3,
+        server_header=False,
+    )
+    uvicorn.Server(config).run()
