@@ -40,7 +40,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[demo,bench,push]' --group dev
+	$(BIN)/python -m pip install -q -e '.[demo,bench,push,room]' --group dev
 	@touch $@
 
 clean:

@@ -23,11 +23,14 @@ from .errors import (
     InvalidMessage,
     InvalidName,
     InvalidOption,
+    InvalidTicket,
+    InvalidToken,
     LeaseLost,
     MessageTooLarge,
     QueueFull,
     QueueNotFound,
     Reject,
+    RoomNotFound,
     TopicNotFound,
     Unsupported,
 )
@@ -43,11 +46,22 @@ from .message import Outgoing, Received
 from .pubsub import Listener, PublishResult, Subscription, Topic, TopicStats
 from .queue import Queue, QueueConfig, QueueStats
 from .sync import connect_sync
+from .waitingroom import (
+    AdaptiveRate,
+    Health,
+    HealthMeter,
+    RoomConfig,
+    RoomStats,
+    Status,
+    Ticket,
+    WaitingRoom,
+)
 from .worker import Backoff, Worker
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "AdaptiveRate",
     "Attention",
     "AttentionNotFound",
     "AttentionStats",
@@ -60,6 +74,8 @@ __all__ = [
     "ConfigConflict",
     "ConnectionError",
     "FairqError",
+    "Health",
+    "HealthMeter",
     "IdempotencyRecord",
     "IdempotencyStore",
     "IdempotentBy",
@@ -67,6 +83,8 @@ __all__ = [
     "InvalidMessage",
     "InvalidName",
     "InvalidOption",
+    "InvalidTicket",
+    "InvalidToken",
     "KeyStats",
     "LeaseLost",
     "Listener",
@@ -82,13 +100,19 @@ __all__ = [
     "QueueStats",
     "Received",
     "Reject",
+    "RoomConfig",
+    "RoomNotFound",
+    "RoomStats",
+    "Status",
     "Subscription",
     "SystemClock",
+    "Ticket",
     "Topic",
     "TopicNotFound",
     "TopicStats",
     "Unsupported",
     "VersionGate",
+    "WaitingRoom",
     "Worker",
     "__version__",
     "connect",

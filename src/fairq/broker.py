@@ -27,6 +27,7 @@ from .idempotency import IdempotencyStore, VersionGate
 from .message import check_name
 from .pubsub import Topic, TopicConfig
 from .queue import Overflow, Queue, QueueConfig
+from .waitingroom import WaitingRoom, declare_room, open_room
 
 __all__ = ["DEFAULT_URL", "Broker", "connect", "mask_url"]
 
@@ -303,3 +304,51 @@ class Broker:
     def versions(self, namespace: str) -> VersionGate:
         """The version gate of ``namespace``: the newest version seen per entity."""
         return VersionGate(self.backend, namespace)
+
+    # -- waiting rooms ---------------------------------------------------------------------
+    async def waiting_room(
+        self,
+        name: str,
+        admit_rate: float = _DEFAULT,
+        token_ttl: float = _DEFAULT,
+        opens_at: float | None = _DEFAULT,
+        secret: bytes | None = None,
+        *,
+        max_active: int | None = _DEFAULT,
+    ) -> WaitingRoom:
+        """Create a waiting room, or update the options given of an existing one; return
+        its handle (see :mod:`fairq.waitingroom`).
+
+        A new room takes ``admit_rate=500.0`` fans per second, ``token_ttl=600.0`` seconds,
+        ``opens_at=None`` (open now; else seconds since the epoch: earlier fans are drawn
+        into a random order at opening) and ``max_active=None`` (no cap on admitted fans
+        holding live tokens) unless given; on an existing room, options not given keep
+        their value. ``secret`` (32 bytes) seeds the room's signing key — pass the same one
+        in every process; without it a key is generated once and kept in the backend.
+        """
+        given = {
+            k: v
+            for k, v in (
+                ("admit_rate", admit_rate),
+                ("token_ttl", token_ttl),
+                ("opens_at", opens_at),
+                ("max_active", max_active),
+            )
+            if v is not _DEFAULT
+        }
+        return await declare_room(self.backend, name, given, secret)
+
+    async def room(self, name: str, secret: bytes | None = None) -> WaitingRoom:
+        """A handle to an existing waiting room (``fairq.RoomNotFound`` otherwise), with
+        its options as stored; pass ``secret`` if the room was created with one."""
+        return await open_room(self.backend, name, secret)
+
+    async def list_rooms(self, prefix: str = "") -> list[str]:
+        """Names of the waiting rooms that start with ``prefix``, sorted."""
+        if not isinstance(prefix, str):
+            raise InvalidOption(f"prefix must be a string, got {prefix!r}")
+        return await self.backend.list_rooms(prefix)
+
+    async def delete_room(self, name: str) -> bool:
+        """Delete a waiting room, its fans and tokens; False if there was none."""
+        return await self.backend.delete_room(check_name(name, "waiting room"))

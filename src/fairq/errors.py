@@ -3,6 +3,7 @@
     FairqError
     ├── ConnectionError        unknown scheme, unreachable server, wrong credentials
     ├── InvalidName            a queue/topic/key name outside the allowed alphabet or length
+    │   └── InvalidTicket      a waiting-room ticket this room never issued
     ├── InvalidMessage         a body or attributes fairq cannot store
     │   └── MessageTooLarge    body over ``max_message_bytes``
     ├── InvalidOption          a bad option value (negative timeout, unknown overflow mode, ...)
@@ -11,6 +12,8 @@
     ├── QueueNotFound          a handle used on a queue that was never declared
     ├── TopicNotFound          a handle used on a topic that was never declared
     ├── AttentionNotFound      a handle used on an attention domain that was never declared
+    ├── RoomNotFound           a waiting room that was never created
+    ├── InvalidToken           a forged, altered, expired, used or other room's admission token
     ├── QueueFull              a bounded queue refused a send
     ├── LeaseLost              ack/nack/extend/dead_letter with a receipt that is no longer current
     ├── Unsupported            the backend cannot do this (see the capability table)
@@ -36,11 +39,14 @@ __all__ = [
     "InvalidMessage",
     "InvalidName",
     "InvalidOption",
+    "InvalidTicket",
+    "InvalidToken",
     "LeaseLost",
     "MessageTooLarge",
     "QueueFull",
     "QueueNotFound",
     "Reject",
+    "RoomNotFound",
     "TopicNotFound",
     "Unsupported",
 ]
@@ -60,6 +66,11 @@ class ConnectionError(FairqError, builtins.ConnectionError):
 
 class InvalidName(FairqError, ValueError):
     """A name of a queue, topic, subscription, domain, key or id is not allowed."""
+
+
+class InvalidTicket(InvalidName):
+    """A waiting-room ticket that this room never issued (malformed, or its signature does
+    not match: forged, altered, or from another room)."""
 
 
 class InvalidMessage(FairqError, ValueError):
@@ -114,6 +125,21 @@ class AttentionNotFound(FairqError, LookupError):
             f"attention domain {name!r} does not exist; declare it with broker.declare_attention()"
         )
         self.name = name
+
+
+class RoomNotFound(FairqError, LookupError):
+    """The waiting room was never created (or was deleted)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(
+            f"waiting room {name!r} does not exist; create it with broker.waiting_room()"
+        )
+        self.name = name
+
+
+class InvalidToken(FairqError, ValueError):
+    """An admission token that must be refused: not a JWT, a bad signature (forged or
+    altered), signed with another key, for another room, expired, or already used."""
 
 
 class QueueFull(FairqError):

@@ -66,6 +66,8 @@ async def test_a_version_1_file_is_upgraded(tmp_path: Path) -> None:
         conn.execute(f"DROP TABLE {table}")
     for table in ("fairq_idempotency", "fairq_versions"):  # version 3
         conn.execute(f"DROP TABLE {table}")
+    for table in ("fairq_rooms", "fairq_room_fans", "fairq_room_steps", "fairq_room_used"):
+        conn.execute(f"DROP TABLE {table}")  # version 5
     conn.execute("UPDATE fairq_meta SET value = 1 WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
@@ -77,6 +79,8 @@ async def test_a_version_1_file_is_upgraded(tmp_path: Path) -> None:
         assert (await t.publish(b"x")).subscriptions == ["s"]
         assert await broker.idempotency("new-in-3", ttl=60).claim("k") is not None
         assert await broker.versions("new-in-3").advance("e", 1)
+        room = await broker.waiting_room("new-in-5")
+        assert (await room.join("fan-1")).position == 0
     conn = sqlite3.connect(db)
     assert conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone() == (
         SCHEMA_VERSION,

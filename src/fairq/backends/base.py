@@ -25,6 +25,7 @@ from ..idempotency import IdempotencyRecord, Version
 from ..message import Received, format_id
 from ..pubsub import PublishResult, Subscription, SubscriptionIndex, TopicConfig, TopicStats
 from ..queue import Envelope, QueueConfig, QueueStats
+from ..waitingroom import Place, RoomRecord, RoomStats, TickResult
 
 __all__ = [
     "DEAD_LETTER_REASONS",
@@ -537,6 +538,88 @@ class Backend(ABC):
     @abstractmethod
     async def current_version(self, namespace: str, entity: str) -> Version | None:
         """The entity's stored version, or None."""
+
+    # -- waiting rooms ---------------------------------------------------------------------
+    # A room is one row of numbers — arrival counter, draw seed and pre-queue size,
+    # admission cursor and credit, admitter lease and fence, counters, sold-out and closed
+    # flags — and three small indexes: fan id -> arrival number, admission steps (cursor
+    # after the step -> time, token expiry) and used tokens. ``room_policy.py`` holds the
+    # rules as functions on the row; positions are arithmetic on it, so no method counts
+    # fans. Every method first draws the pre-queue's order if the room has opened and not
+    # drawn yet (``room_policy.draw_if_due``), in the same atomic step; a room that does not
+    # exist raises ``RoomNotFound``. Redis: a hash for the row, a hash for the fans, sorted
+    # sets for the steps and used tokens; each method one Lua script.
+    @abstractmethod
+    async def declare_room(
+        self,
+        room: str,
+        options: Mapping[str, object],
+        secret_kid: str | None,
+        seed: bytes,
+        seed_kid: str,
+    ) -> RoomRecord:
+        """Create the room with ``options`` (the rest defaults), or set ``options`` on the
+        existing one (``admit_rate`` also sets the live rate; ``opens_at`` cannot change
+        once drawn: ``ConfigConflict``). ``secret_kid`` (the processes pass a secret):
+        store that key id and no seed; else a new room keeps ``seed`` (its generated root
+        secret) and ``seed_kid``, and an existing room keeps what it has."""
+
+    @abstractmethod
+    async def room_record(self, room: str) -> RoomRecord:
+        """The room's set-up."""
+
+    @abstractmethod
+    async def list_rooms(self, prefix: str = "") -> list[str]:
+        """Names of the rooms starting with ``prefix``, sorted."""
+
+    @abstractmethod
+    async def delete_room(self, room: str) -> bool:
+        """Delete the room and everything of it; False if there was none."""
+
+    @abstractmethod
+    async def room_join(self, room: str, fans: list[str]) -> list[Place]:
+        """Give each new fan the next arrival number (a fan already in the room keeps its
+        own) and answer where each stands; in a sold-out or closed room store nothing and
+        answer that state (``seq`` None)."""
+
+    @abstractmethod
+    async def room_status(self, room: str, seq: int) -> Place:
+        """Where the fan who arrived ``seq``-th stands (``room_policy.place``)."""
+
+    @abstractmethod
+    async def room_tick(self, room: str, holder: str, lease: float) -> TickResult:
+        """One admission step: take or renew the admitter lease for ``holder`` (for
+        ``lease`` seconds); if it holds it, expire lapsed tokens and admit what the rate's
+        credit allows (``room_policy.admission_allowance``)."""
+
+    @abstractmethod
+    async def room_release_admitter(self, room: str, holder: str) -> bool:
+        """Give up ``holder``'s admitter lease; False if it did not hold it."""
+
+    @abstractmethod
+    async def room_admit(self, room: str, n: int) -> int:
+        """Admit the next ``n`` waiting fans at once; return how many."""
+
+    @abstractmethod
+    async def room_set_rate(self, room: str, rate: float) -> None:
+        """Set the live admit rate."""
+
+    @abstractmethod
+    async def room_consume(self, room: str, seq: int) -> str:
+        """Burn the token of the fan who arrived ``seq``-th (``room_policy.consume``):
+        ``ok``, ``used``, ``expired`` or ``not_admitted``."""
+
+    @abstractmethod
+    async def room_sold_out(self, room: str) -> int:
+        """Raise the sold-out flag; return how many fans were waiting then."""
+
+    @abstractmethod
+    async def room_close(self, room: str) -> None:
+        """Close the room (the sale is over)."""
+
+    @abstractmethod
+    async def room_stats(self, room: str) -> RoomStats:
+        """The room's numbers (after expiring lapsed tokens)."""
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

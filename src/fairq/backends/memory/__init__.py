@@ -10,9 +10,10 @@ from __future__ import annotations
 from .attention import MemoryAttention
 from .idempotency import MemoryIdempotency
 from .topics import MemoryTopics
+from .waitingroom import MemoryWaitingRoom
 
 __all__ = ["MemoryBackend"]
 
 
-class MemoryBackend(MemoryAttention, MemoryIdempotency, MemoryTopics):
+class MemoryBackend(MemoryAttention, MemoryIdempotency, MemoryTopics, MemoryWaitingRoom):
     """All state in this process; see the module docstring."""

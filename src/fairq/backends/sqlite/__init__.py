@@ -26,7 +26,7 @@ import logging
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -37,8 +37,9 @@ from ...idempotency import IdempotencyRecord, Version
 from ...message import Received
 from ...pubsub import PublishResult, Subscription, TopicConfig, TopicStats
 from ...queue import Envelope, QueueConfig, QueueStats
+from ...waitingroom import Place, RoomRecord, RoomStats, TickResult
 from ..base import Backend
-from . import attention, idempotency, topics
+from . import attention, idempotency, topics, waitingroom
 from . import queues as store
 from .txn import Store, Txn, apply_schema
 
@@ -565,6 +566,58 @@ class SQLiteBackend(Backend):
 
     async def current_version(self, namespace: str, entity: str) -> Version | None:
         return await self._call(idempotency.current_version, namespace, entity)
+
+    # -- waiting rooms ---------------------------------------------------------------------
+    async def declare_room(
+        self,
+        room: str,
+        options: Mapping[str, object],
+        secret_kid: str | None,
+        seed: bytes,
+        seed_kid: str,
+    ) -> RoomRecord:
+        return await self._call(
+            waitingroom.declare_room, room, dict(options), secret_kid, seed, seed_kid
+        )
+
+    async def room_record(self, room: str) -> RoomRecord:
+        return await self._call(waitingroom.room_record, room)
+
+    async def list_rooms(self, prefix: str = "") -> list[str]:
+        return await self._call(waitingroom.list_rooms, prefix)
+
+    async def delete_room(self, room: str) -> bool:
+        return await self._call(waitingroom.delete_room, room)
+
+    async def room_join(self, room: str, fans: list[str]) -> list[Place]:
+        return await self._call(waitingroom.join, room, fans)
+
+    async def room_status(self, room: str, seq: int) -> Place:
+        return await self._call(waitingroom.status, room, seq)
+
+    async def room_tick(self, room: str, holder: str, lease: float) -> TickResult:
+        return await self._call(waitingroom.tick, room, holder, lease)
+
+    async def room_release_admitter(self, room: str, holder: str) -> bool:
+        return await self._call(waitingroom.release_admitter, room, holder)
+
+    async def room_admit(self, room: str, n: int) -> int:
+        return await self._call(waitingroom.admit, room, n)
+
+    async def room_set_rate(self, room: str, rate: float) -> None:
+        await self._call(waitingroom.set_rate, room, rate)
+
+    async def room_consume(self, room: str, seq: int) -> str:
+        return await self._call(waitingroom.consume, room, seq)
+
+    async def room_sold_out(self, room: str) -> int:
+        return await self._call(waitingroom.sold_out, room)
+
+    async def room_close(self, room: str) -> None:
+        await self._call(waitingroom.close, room)
+
+    async def room_stats(self, room: str) -> RoomStats:
+        return await self._call(waitingroom.stats, room)
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

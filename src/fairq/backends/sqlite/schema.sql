@@ -212,3 +212,63 @@ CREATE TABLE IF NOT EXISTS fairq_att_slices (
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS fairq_att_ix_lease ON fairq_att_slices (lease_until);
+
+-- version 5: waiting rooms ----------------------------------------------------------------
+-- a room is one row of numbers (see backends/room_policy.py): positions are arithmetic on
+-- it — place minus admission cursor — so no statement ever counts the fans ahead
+CREATE TABLE IF NOT EXISTS fairq_rooms (
+    id             INTEGER PRIMARY KEY,
+    name           TEXT NOT NULL UNIQUE,
+    config         TEXT NOT NULL,           -- JSON of RoomConfig
+    rate           REAL NOT NULL,           -- the live admit rate (set_rate)
+    kid            TEXT NOT NULL,           -- key id of the room's tokens
+    key_seed       BLOB,                    -- generated root secret; NULL: processes pass one
+    created_at     REAL NOT NULL,
+    joined         INTEGER NOT NULL DEFAULT 0,  -- the last arrival number handed out
+    drawn_at       REAL,                    -- when the pre-queue was drawn (the opening)
+    pre_queue      INTEGER NOT NULL DEFAULT 0,  -- fans 1..pre_queue joined before opening
+    draw_seed      BLOB,                    -- the draw's key (fairq.draw), once drawn
+    head           INTEGER NOT NULL DEFAULT 0,  -- places 1..head are admitted
+    expired_upto   INTEGER NOT NULL DEFAULT 0,  -- places 1..expired_upto: tokens lapsed or used
+    used           INTEGER NOT NULL DEFAULT 0,
+    used_live      INTEGER NOT NULL DEFAULT 0,  -- used tokens at places after expired_upto
+    credit         REAL NOT NULL DEFAULT 0,     -- admissions earned, not yet made
+    credit_at      REAL,
+    meas_sum       REAL NOT NULL DEFAULT 0,     -- decayed count of admissions (measured rate)
+    meas_at        REAL,
+    meas_since     REAL,
+    admitter       TEXT,                    -- the admitter lease: holder, end, fencing number
+    admitter_until REAL NOT NULL DEFAULT 0,
+    fence          INTEGER NOT NULL DEFAULT 0,
+    sold_out_at    REAL,
+    told_sold_out  INTEGER NOT NULL DEFAULT 0,
+    closed_at      REAL
+);
+
+-- one row per fan: "one ticket per fan id"; the ticket carries seq, so status reads no row
+CREATE TABLE IF NOT EXISTS fairq_room_fans (
+    room_id INTEGER NOT NULL,
+    fan     TEXT NOT NULL,
+    seq     INTEGER NOT NULL,
+    PRIMARY KEY (room_id, fan)
+) WITHOUT ROWID;
+
+-- one row per admission step: the cursor after it, and its tokens' times
+CREATE TABLE IF NOT EXISTS fairq_room_steps (
+    room_id     INTEGER NOT NULL,
+    upto        INTEGER NOT NULL,
+    admitted_at REAL NOT NULL,
+    expires_at  REAL NOT NULL,
+    PRIMARY KEY (room_id, upto)
+) WITHOUT ROWID;
+
+-- one row per consumed token (single use)
+CREATE TABLE IF NOT EXISTS fairq_room_used (
+    room_id INTEGER NOT NULL,
+    seq     INTEGER NOT NULL,
+    place   INTEGER NOT NULL,
+    used_at REAL NOT NULL,
+    PRIMARY KEY (room_id, seq)
+) WITHOUT ROWID;
+
+CREATE INDEX IF NOT EXISTS fairq_room_ix_used_place ON fairq_room_used (room_id, place);

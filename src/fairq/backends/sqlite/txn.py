@@ -24,7 +24,7 @@ from ...message import next_id_base
 from ...pubsub import Subscription, SubscriptionIndex, TopicConfig
 from ...queue import QueueConfig
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 

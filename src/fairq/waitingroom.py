@@ -1,0 +1,664 @@
+"""The virtual waiting room of a flash sale (SPEC §8): a fair line in front of a purchase.
+
+At 10:00 two million fans arrive for 60,000 seats, and the inventory can reserve about
+1,100 seats a second. A waiting room gives each arriving fan a place in line instead of
+the purchase page, lets fans in at a controlled rate, hands each admitted fan a signed,
+short-lived admission token that the gateway demands on purchase calls, and tells
+everyone still waiting "sold out" the moment the seats are gone — cheaply, without
+touching anything per fan::
+
+    room = await broker.waiting_room("ev-88", admit_rate=500, token_ttl=600,
+                                     opens_at=ten_oclock, secret=app_secret)
+    t = await room.join("fan-123")          # Ticket(ticket, position, eta, state)
+    st = await room.status(t.ticket)        # Status(state, position, eta, token)
+    asyncio.create_task(room.run_admitter())  # one admitter per room, across processes
+    claims = room.verify(token)             # at the gateway; fairq.InvalidToken if not
+    claims = await room.consume(token)      # the purchase call: the token works once
+    await room.sold_out()
+
+How it is kept cheap and fair:
+
+* **Places are numbers.** A fan's arrival number is a server-assigned sequence. Fans who
+  join before ``opens_at`` wait in a *pre-queue*; at the first operation after opening
+  (in whichever process) one random seed is drawn and their places become a seeded
+  random permutation of their arrival numbers (:mod:`fairq.draw`; auditable from
+  :attr:`RoomStats.draw_seed`); everyone after opening is FIFO behind them. Admission
+  moves one cursor, so a fan's position is its place minus the cursor: status costs no
+  count of the fans ahead and no lookup of the fan (the ticket carries the arrival number
+  under a MAC, :mod:`fairq.tokens`) — O(1) with two million waiting.
+* **One admitter.** :meth:`WaitingRoom.run_admitter` holds the room's admitter lease
+  (fencing: each new holder gets a higher ``fence``, and an admission step is refused to
+  anyone but the current holder). It admits smoothly: the backend keeps the admission
+  credit (``rate`` × elapsed time), so every ~50 ms step lets in what is due, whichever
+  process runs it. :meth:`set_rate` changes the rate live; :class:`AdaptiveRate` changes it
+  from the inventory's health (p99 latency, error rate).
+* **Capacity that frees itself.** With ``max_active`` set, at most that many admitted
+  fans hold live tokens at once; a token that is used (:meth:`consume`) or lapses after
+  ``token_ttl`` frees its slot for the next fan in line.
+* **Sold out is one flag.** Every status call and join after :meth:`sold_out` answers
+  ``sold_out`` before anything per fan is read.
+
+States of a fan: ``pre_queue`` (joined before opening; no position until the draw),
+``waiting``, ``admitted`` (with a token), ``used`` (its token was consumed), ``expired``
+(admitted, token never used within ``token_ttl``), ``sold_out``, ``closed``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import math
+import secrets
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import ConfigConflict, InvalidOption, InvalidToken
+from .message import check_key, check_name
+
+if TYPE_CHECKING:
+    from .backends.base import Backend
+    from .tokens import RoomKeys
+
+__all__ = [
+    "ROOM_STATES",
+    "AdaptiveRate",
+    "Health",
+    "HealthMeter",
+    "Place",
+    "RoomConfig",
+    "RoomPhase",
+    "RoomRecord",
+    "RoomState",
+    "RoomStats",
+    "Status",
+    "TickResult",
+    "Ticket",
+    "WaitingRoom",
+    "refresh_interval",
+]
+
+log = logging.getLogger("fairq.waitingroom")
+
+RoomState = Literal["pre_queue", "waiting", "admitted", "used", "expired", "sold_out", "closed"]
+ROOM_STATES: tuple[RoomState, ...] = (
+    "pre_queue",
+    "waiting",
+    "admitted",
+    "used",
+    "expired",
+    "sold_out",
+    "closed",
+)
+#: ``scheduled`` (before opening: the pre-queue), ``open``, ``sold_out``, ``closed``
+RoomPhase = Literal["scheduled", "open", "sold_out", "closed"]
+
+DEFAULT_TICK = 0.05  # seconds between admission steps of the admitter
+DEFAULT_LEASE = 3.0  # seconds the admitter lease lasts unless renewed
+
+
+def _number(name: str, value: object, *, minimum: float = 0.0, strict: bool = True) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or (value <= minimum if strict else value < minimum)
+    ):
+        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        raise InvalidOption(f"{name} must be a finite number {bound}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True)
+class RoomConfig:
+    """The options of a waiting room (see ``Broker.waiting_room``).
+
+    ``admit_rate``: fans admitted per second (the rate the admitter starts at; changed
+    live with :meth:`WaitingRoom.set_rate`); ``token_ttl``: seconds an admission token is
+    valid; ``opens_at``: when the room opens (seconds since the epoch; None: open now) —
+    fans who join earlier are drawn into a random order at opening; ``max_active``: at
+    most this many admitted fans with live, unused tokens at once (None: no cap).
+    """
+
+    admit_rate: float = 500.0
+    token_ttl: float = 600.0
+    opens_at: float | None = None
+    max_active: int | None = None
+
+    def validated(self) -> RoomConfig:
+        """This config with numbers checked and made floats; ``InvalidOption`` if not."""
+        if self.max_active is not None and (
+            isinstance(self.max_active, bool)
+            or not isinstance(self.max_active, int)
+            or self.max_active < 1
+        ):
+            raise InvalidOption(
+                f"max_active must be an integer >= 1 or None, got {self.max_active!r}"
+            )
+        return RoomConfig(
+            _number("admit_rate", self.admit_rate, strict=False),
+            _number("token_ttl", self.token_ttl),
+            None if self.opens_at is None else _number("opens_at", self.opens_at),
+            self.max_active,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "admit_rate": self.admit_rate,
+            "token_ttl": self.token_ttl,
+            "opens_at": self.opens_at,
+            "max_active": self.max_active,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> RoomConfig:
+        return cls(**{k: data[k] for k in ("admit_rate", "token_ttl", "opens_at", "max_active")})
+
+
+#: the options ``Broker.waiting_room`` may set (those not given keep their stored value)
+ROOM_OPTIONS = frozenset(("admit_rate", "token_ttl", "opens_at", "max_active"))
+
+
+@dataclass(frozen=True, slots=True)
+class RoomRecord:
+    """What the backend keeps of a room's set-up: options, the live rate, the key id its
+    tokens carry, and its generated root secret (None when its processes pass one)."""
+
+    name: str
+    config: RoomConfig
+    rate: float
+    kid: str
+    key_seed: bytes | None
+    created_at: float
+    phase: RoomPhase
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A backend's answer about one fan: ``state``, arrival number ``seq`` (None when not
+    looked up), ``position`` (fans ahead; None before the draw or when not waiting), the
+    admit ``rate`` to estimate with, the room's ``opens_at``, and for an admitted fan when
+    it was admitted and when its token expires."""
+
+    state: RoomState
+    seq: int | None
+    position: int | None
+    rate: float
+    opens_at: float | None
+    admitted_at: float | None = None
+    expires_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TickResult:
+    """The outcome of one admission step: ``fence`` is the holder's fencing number (None:
+    another admitter holds the room until ``holder_until``), ``admitted`` how many fans
+    it let in, ``rate`` the room's current rate, ``phase`` and ``waiting`` the room's."""
+
+    fence: int | None
+    admitted: int
+    rate: float
+    phase: RoomPhase
+    waiting: int
+    holder_until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Ticket:
+    """A fan's place in line: ``ticket`` (an opaque string to ask ``status`` with; None
+    when the room turned the fan away as sold out or closed), ``position`` (fans ahead;
+    None in the pre-queue, before the draw), ``eta`` (seconds until admission, estimated;
+    in the pre-queue, seconds until opening) and ``state``."""
+
+    ticket: str | None
+    position: int | None
+    eta: float | None
+    state: RoomState
+
+
+@dataclass(frozen=True, slots=True)
+class Status:
+    """Where a ticket stands: ``state``, ``position``, ``eta`` as for :class:`Ticket`, and
+    for an admitted fan its admission ``token`` (a JWT) and when it ``expires_at``."""
+
+    state: RoomState
+    position: int | None
+    eta: float | None
+    token: str | None = None
+    expires_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RoomStats:
+    """A room's numbers, read without any per-fan work.
+
+    ``joined`` fans in all; ``pre_queue`` waiting for the draw (before opening);
+    ``waiting`` in line after it; ``admitted`` in all, of whom ``active`` hold live,
+    unused tokens, ``used`` consumed theirs and ``expired`` let theirs lapse;
+    ``told_sold_out`` were waiting when the room sold out. ``measured_rate`` is admissions
+    per second over the last ~10 s. ``admitter`` is the lease holder (None: nobody),
+    ``fence`` its fencing number. ``draw_seed`` (hex) and ``pre_queue_size`` let anyone
+    recompute the pre-queue's order (:func:`fairq.draw.draw_order`).
+    """
+
+    name: str
+    phase: RoomPhase
+    opens_at: float | None
+    admit_rate: float
+    measured_rate: float
+    token_ttl: float
+    max_active: int | None
+    joined: int
+    pre_queue: int
+    waiting: int
+    admitted: int
+    active: int
+    used: int
+    expired: int
+    told_sold_out: int
+    admitter: str | None
+    fence: int
+    draw_seed: str | None
+    pre_queue_size: int | None
+    drawn_at: float | None
+
+    @property
+    def sold_out(self) -> bool:
+        """True once the room sold out."""
+        return self.phase == "sold_out"
+
+
+def refresh_interval(state: RoomState, position: int | None, eta: float | None) -> float:
+    """How long a fan's page should wait before asking again, in seconds: 2 s near the
+    front, up to 30 s far back (a fan 17 minutes away need not ask every second), and
+    none once the answer cannot change (0.0)."""
+    if state in ("admitted", "used", "expired", "sold_out", "closed"):
+        return 0.0
+    if eta is None:
+        return 5.0
+    if state == "pre_queue":
+        return max(1.0, min(30.0, eta / 4))
+    return max(2.0, min(30.0, eta / 10))
+
+
+# -- adaptive admission ---------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Health:
+    """A reading of the inventory's health: ``p99`` latency in seconds and ``error_rate``
+    (0..1) over a recent window; either may be None (unknown)."""
+
+    p99: float | None = None
+    error_rate: float | None = None
+
+
+class HealthMeter:
+    """Rolling health of a downstream service, measured where it is called.
+
+    Call :meth:`observe` with each call's latency and outcome; :meth:`read` gives the p99
+    and error rate of the last ``window`` seconds. Hand ``meter.read`` to
+    :class:`AdaptiveRate` as its signal.
+    """
+
+    def __init__(self, window: float = 10.0, clock: Callable[[], float] | None = None) -> None:
+        import time
+
+        self.window = _number("window", window)
+        self._now = clock or time.monotonic
+        self._samples: list[tuple[float, float, bool]] = []
+
+    def observe(self, latency: float, ok: bool = True) -> None:
+        """Record one call: its latency (seconds) and whether it succeeded."""
+        now = self._now()
+        self._samples.append((now, latency, ok))
+        if len(self._samples) > 4096 and self._samples[0][0] < now - self.window:
+            self._trim(now)
+
+    def _trim(self, now: float) -> None:
+        cut = now - self.window
+        self._samples = [s for s in self._samples if s[0] >= cut]
+
+    def read(self) -> Health:
+        """p99 latency and error rate over the window (None when nothing was observed)."""
+        self._trim(self._now())
+        if not self._samples:
+            return Health()
+        latencies = sorted(s[1] for s in self._samples)
+        p99 = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)]
+        errors = sum(1 for s in self._samples if not s[2])
+        return Health(p99, errors / len(self._samples))
+
+
+HealthSignal = Callable[[], "Health | Awaitable[Health]"]
+
+
+class AdaptiveRate:
+    """Adapts a room's admit rate to the inventory's health: additive increase,
+    multiplicative decrease (the congestion control of TCP), once per ``interval``.
+
+    The health is *degraded* when its p99 is above ``max_p99`` or its error rate above
+    ``max_error_rate``: the rate is multiplied by ``decrease`` (not below ``min_rate``).
+    It is *healthy* when both are below ``recover`` times their limit: the rate grows by
+    ``step`` (default a twentieth of ``max_rate``) up to ``max_rate`` (default: the rate
+    the admitter started with). In between, the rate holds. An unknown reading holds too.
+    """
+
+    def __init__(
+        self,
+        signal: HealthSignal,
+        *,
+        max_p99: float | None = None,
+        max_error_rate: float | None = None,
+        min_rate: float = 1.0,
+        max_rate: float | None = None,
+        decrease: float = 0.7,
+        step: float | None = None,
+        recover: float = 0.8,
+        interval: float = 1.0,
+    ) -> None:
+        if max_p99 is None and max_error_rate is None:
+            raise InvalidOption("AdaptiveRate needs max_p99, max_error_rate or both")
+        self.signal = signal
+        self.max_p99 = None if max_p99 is None else _number("max_p99", max_p99)
+        self.max_error_rate = (
+            None if max_error_rate is None else _number("max_error_rate", max_error_rate)
+        )
+        self.min_rate = _number("min_rate", min_rate, strict=False)
+        self.max_rate = None if max_rate is None else _number("max_rate", max_rate)
+        if not 0 < decrease < 1:
+            raise InvalidOption(f"decrease must be between 0 and 1, got {decrease!r}")
+        self.decrease = decrease
+        self.step = None if step is None else _number("step", step)
+        if not 0 < recover <= 1:
+            raise InvalidOption(f"recover must be in (0, 1], got {recover!r}")
+        self.recover = recover
+        self.interval = _number("interval", interval)
+
+    def judge(self, health: Health) -> Literal["degraded", "healthy", "hold"]:
+        """What a reading says: degraded, healthy, or in between (hold)."""
+        checks = [
+            (health.p99, self.max_p99),
+            (health.error_rate, self.max_error_rate),
+        ]
+        known = [(v, limit) for v, limit in checks if limit is not None and v is not None]
+        if not known:
+            return "hold"
+        if any(v > limit for v, limit in known):
+            return "degraded"
+        if all(v <= limit * self.recover for v, limit in known):
+            return "healthy"
+        return "hold"
+
+    def next_rate(self, rate: float, health: Health, ceiling: float) -> float:
+        """The rate after one reading, given the current ``rate`` and the ``ceiling``."""
+        top = self.max_rate if self.max_rate is not None else ceiling
+        verdict = self.judge(health)
+        if verdict == "degraded":
+            return max(self.min_rate, rate * self.decrease)
+        if verdict == "healthy":
+            step = self.step if self.step is not None else max(1.0, top / 20)
+            return min(top, rate + step)
+        return rate
+
+    async def read(self) -> Health:
+        """Read the signal (a plain or async callable)."""
+        value = self.signal()
+        if inspect.isawaitable(value):
+            value = await value
+        if not isinstance(value, Health):
+            raise InvalidOption(f"the health signal must return fairq.Health, got {value!r}")
+        return value
+
+
+# -- the handle ------------------------------------------------------------------------------
+class WaitingRoom:
+    """A handle to one waiting room; get it from ``await broker.waiting_room(...)`` (create
+    or update) or ``await broker.room(name)`` (an existing one). See the module docstring."""
+
+    def __init__(self, backend: Backend, record: RoomRecord, keys: RoomKeys) -> None:
+        self.backend = backend
+        self.name = record.name
+        self.record = record
+        self.keys = keys
+
+    def __repr__(self) -> str:
+        return f"WaitingRoom({self.name!r})"
+
+    @property
+    def kid(self) -> str:
+        """The key id (JWT header ``kid``) of this room's tokens."""
+        return self.keys.kid
+
+    def jwks(self) -> dict[str, Any]:
+        """The JWKS document publishing the room's public key (for offline verification)."""
+        return self.keys.jwks()
+
+    def _eta(self, place: Place, now: float) -> float | None:
+        if place.state == "pre_queue":
+            return None if place.opens_at is None else max(0.0, place.opens_at - now)
+        if place.state != "waiting" or place.position is None:
+            return 0.0 if place.state == "admitted" else None
+        if place.rate <= 0:
+            return None
+        return place.position / place.rate
+
+    def _ticket(self, fan: str, place: Place, now: float) -> Ticket:
+        ticket = None if place.seq is None else self.keys.ticket(place.seq, fan)
+        return Ticket(ticket, place.position, self._eta(place, now), place.state)
+
+    # -- fans ------------------------------------------------------------------------------
+    async def join(self, fan_id: str) -> Ticket:
+        """Put a fan in line and return its :class:`Ticket`; joining again with the same
+        fan id gives back the first ticket and place. After ``sold_out`` (or ``close``)
+        the answer is that state, and nothing is stored."""
+        fan = check_key(fan_id, "fan id")
+        (place,) = await self.backend.room_join(self.name, [fan])
+        return self._ticket(fan, place, self.backend.clock.now())
+
+    async def join_many(self, fan_ids: Iterable[str]) -> list[Ticket]:
+        """Join many fans in one atomic step (in the order given); one ticket each."""
+        fans = [check_key(f, "fan id") for f in fan_ids]
+        if not fans:
+            return []
+        places = await self.backend.room_join(self.name, fans)
+        now = self.backend.clock.now()
+        return [self._ticket(f, p, now) for f, p in zip(fans, places, strict=True)]
+
+    async def status(self, ticket: str) -> Status:
+        """Where ``ticket`` stands (``fairq.InvalidTicket`` if this room never issued it);
+        an admitted fan's status carries its admission token."""
+        seq, fan = self.keys.parse_ticket(ticket)
+        place = await self.backend.room_status(self.name, seq)
+        token = None
+        if place.state == "admitted":
+            assert place.admitted_at is not None and place.expires_at is not None
+            token = self.keys.sign(seq, fan, place.admitted_at, place.expires_at)
+        now = self.backend.clock.now()
+        return Status(place.state, place.position, self._eta(place, now), token, place.expires_at)
+
+    # -- tokens ----------------------------------------------------------------------------
+    def verify(self, token: str | bytes) -> dict[str, Any]:
+        """The claims of a valid admission token of this room (room, ticket, fan, iat,
+        exp, jti); ``fairq.InvalidToken`` if it is forged, altered, signed with another
+        key, another room's, or expired. Needs no backend call."""
+        claims, _ = self.keys.verify(token, self.backend.clock.now())
+        return claims
+
+    async def consume(self, token: str | bytes) -> dict[str, Any]:
+        """Verify ``token`` and burn it: it is accepted once (for the purchase call), then
+        ``fairq.InvalidToken``. Consuming ends the fan's admission and frees its slot of
+        ``max_active``."""
+        claims, seq = self.keys.verify(token, self.backend.clock.now())
+        outcome = await self.backend.room_consume(self.name, seq)
+        if outcome == "used":
+            raise InvalidToken("the admission token was already used")
+        if outcome == "expired":
+            raise InvalidToken("the admission token has expired")
+        if outcome != "ok":
+            raise InvalidToken(f"the admission token cannot be used ({outcome})")
+        return claims
+
+    # -- admission -------------------------------------------------------------------------
+    async def admit(self, n: int) -> int:
+        """Admit the next ``n`` fans at once, whatever the rate (an operator's lever);
+        return how many were waiting to be admitted. Nothing before the room opens."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InvalidOption(f"n must be an integer >= 0, got {n!r}")
+        return await self.backend.room_admit(self.name, n)
+
+    async def set_rate(self, rate: float) -> None:
+        """Change the admit rate (fans per second) live, for every process: the running
+        admitter, wherever it is, admits at the new rate from its next step."""
+        await self.backend.room_set_rate(self.name, _number("rate", rate, strict=False))
+
+    async def run_admitter(
+        self,
+        *,
+        adaptive: AdaptiveRate | None = None,
+        tick: float = DEFAULT_TICK,
+        lease: float = DEFAULT_LEASE,
+        holder: str | None = None,
+        until_done: bool = True,
+    ) -> None:
+        """Admit fans at the room's rate until cancelled (or, with ``until_done``, until the
+        room sells out or closes).
+
+        Run it in every process that may admit: exactly one holds the room's admitter
+        lease at a time and admits, the others stand by and take over within ``lease``
+        seconds if it dies. Each step (every ``tick`` seconds) renews the lease and lets in
+        what the rate allows since the last step, so admission is smooth, and exact over
+        time. With ``adaptive``, the holder also adjusts the rate from a health signal.
+        """
+        tick = _number("tick", tick)
+        lease = _number("lease", lease)
+        if lease <= tick * 2:
+            raise InvalidOption("lease must be more than twice tick")
+        holder = holder or f"admitter-{secrets.token_hex(8)}"
+        loop = asyncio.get_running_loop()
+        ceiling: float | None = None
+        next_adapt = 0.0
+        fence: int | None = None
+        try:
+            while True:
+                result = await self.backend.room_tick(self.name, holder, lease)
+                if result.fence != fence:
+                    if result.fence is not None:
+                        log.info(
+                            "%s now admits for room %s (fence %d)", holder, self.name, result.fence
+                        )
+                    fence = result.fence
+                if until_done and result.phase in ("sold_out", "closed"):
+                    return
+                if result.fence is None:
+                    # another admitter holds the room: stand by until its lease may end
+                    now = self.backend.clock.now()
+                    wait = lease / 3
+                    if result.holder_until is not None:
+                        wait = min(wait, max(tick, result.holder_until - now + tick))
+                    await asyncio.sleep(wait)
+                    continue
+                if adaptive is not None and loop.time() >= next_adapt:
+                    next_adapt = loop.time() + adaptive.interval
+                    if ceiling is None:
+                        ceiling = result.rate
+                    try:
+                        health = await adaptive.read()
+                    except Exception:
+                        log.warning("room %s: the health signal failed", self.name, exc_info=True)
+                    else:
+                        rate = adaptive.next_rate(result.rate, health, ceiling)
+                        if rate != result.rate:
+                            log.info(
+                                "room %s: admit rate %.1f -> %.1f (%s)",
+                                self.name,
+                                result.rate,
+                                rate,
+                                health,
+                            )
+                            await self.set_rate(rate)
+                await asyncio.sleep(tick)
+        finally:
+            with contextlib.suppress(Exception):
+                # hand the room over at once instead of when the lease runs out
+                await asyncio.shield(self.backend.room_release_admitter(self.name, holder))
+
+    # -- the sale --------------------------------------------------------------------------
+    async def sold_out(self) -> int:
+        """Mark the room sold out: every status call and every later join answers
+        ``sold_out``, without per-fan work. Returns how many fans were waiting."""
+        return await self.backend.room_sold_out(self.name)
+
+    async def close(self) -> None:
+        """End the sale: the room answers ``closed`` and ``RequireAdmission`` stops
+        guarding its paths."""
+        await self.backend.room_close(self.name)
+
+    async def stats(self) -> RoomStats:
+        """The room's numbers (:class:`RoomStats`)."""
+        return await self.backend.room_stats(self.name)
+
+    async def phase(self) -> RoomPhase:
+        """``scheduled`` (before opening), ``open``, ``sold_out`` or ``closed``."""
+        return (await self.backend.room_record(self.name)).phase
+
+
+# -- opening a room --------------------------------------------------------------------------
+def _keys(name: str, record: RoomRecord, secret: bytes | None) -> RoomKeys:
+    from .tokens import RoomKeys
+
+    if secret is not None:
+        keys = RoomKeys(name, secret, record.created_at)
+        if keys.kid != record.kid:
+            raise ConfigConflict(
+                f"this secret is not the one waiting room {name!r} signs with (its key id is "
+                f"{record.kid}); pass the same secret in every process"
+            )
+        return keys
+    if record.key_seed is None:
+        raise InvalidOption(
+            f"waiting room {name!r} signs with a secret its creator passed: pass the same "
+            "secret= here"
+        )
+    return RoomKeys(name, record.key_seed, record.created_at)
+
+
+def _check_secret(secret: object) -> bytes | None:
+    from .tokens import SECRET_BYTES
+
+    if secret is None:
+        return None
+    if isinstance(secret, str):
+        secret = secret.encode()
+    if not isinstance(secret, bytes | bytearray) or len(secret) != SECRET_BYTES:
+        raise InvalidOption(f"secret must be {SECRET_BYTES} bytes (secrets.token_bytes(32))")
+    return bytes(secret)
+
+
+async def declare_room(
+    backend: Backend, name: str, options: Mapping[str, Any], secret: object
+) -> WaitingRoom:
+    """Create the room or update the options given (see ``Broker.waiting_room``)."""
+    from .tokens import RoomKeys, new_root_secret
+
+    check_name(name, "waiting room")
+    key = _check_secret(secret)
+    config = RoomConfig(**{**RoomConfig().to_dict(), **options}).validated()
+    given = {k: getattr(config, k) for k in options}
+    seed = new_root_secret()
+    record = await backend.declare_room(
+        name,
+        given,
+        RoomKeys.kid_of(name, key) if key is not None else None,
+        seed,
+        RoomKeys.kid_of(name, seed),
+    )
+    return WaitingRoom(backend, record, _keys(name, record, key))
+
+
+async def open_room(backend: Backend, name: str, secret: object) -> WaitingRoom:
+    """A handle to an existing room (``RoomNotFound`` otherwise)."""
+    check_name(name, "waiting room")
+    key = _check_secret(secret)
+    record = await backend.room_record(name)
+    return WaitingRoom(backend, record, _keys(name, record, key))
