@@ -6,9 +6,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 import socket
-from collections.abc import AsyncIterator
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -76,3 +82,40 @@ async def uvicorn_serving(app: Any) -> AsyncIterator[str]:
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
+
+
+@contextlib.contextmanager
+def fairq_serve(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``fairq serve`` as a subprocess on a free loopback port; its URL once healthy."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "serve", "--port", str(port), *args],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "FAIRQ_URL": f"sqlite:///{cwd / 'serve.db'}", **(env or {})},
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"fairq serve did not start: {proc.communicate()[0]}")
+            time.sleep(0.05)
+        yield url, proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

@@ -9,6 +9,7 @@ the committed page is current.
 
 from __future__ import annotations
 
+import re
 import sys
 from typing import Any
 
@@ -33,6 +34,13 @@ _STATUS_TEXT = {
     413: "Request body or message too large",
     422: "Well-formed but not acceptable (schema, option or filter)",
     429: "A bounded queue is full; retry later",
+}
+_SCOPE_TEXT = {
+    "admin": "`admin`",
+    "send": "`send`",
+    "receive": "`receive`",
+    "read": "any key",
+    "public": "none",
 }
 _TAGS = {
     "queues": "Durable work queues: send, receive under a lease, ack, dead letters.",
@@ -290,7 +298,8 @@ def markdown(doc: dict[str, Any] | None = None) -> str:
         for method, op in ops.items():
             anchor = op["operationId"].lower()
             out.append(
-                f"| {method.upper()} | [`{path}`](#{anchor}) | {op['x-fairq-scope']} | "
+                f"| {method.upper()} | [`{path}`](#{anchor}) | "
+                f"{_SCOPE_TEXT[op['x-fairq-scope']]} | "
                 f"{op['summary']} |"
             )
     for tag in doc["tags"]:
@@ -303,12 +312,12 @@ def markdown(doc: dict[str, Any] | None = None) -> str:
                     "",
                     f"### {op['operationId']}",
                     "",
-                    f"`{method.upper()} {path}` — {op['summary']}. Scope: `{op['x-fairq-scope']}`.",
+                    f"`{method.upper()} {path}` — {op['summary']}. "
+                    f"Scope: {_SCOPE_TEXT[op['x-fairq-scope']]}.",
                 ]
-                if "description" in op:
-                    desc = op["description"].split("\n\nScope:")[0].strip()
-                    if desc:
-                        out += ["", desc]
+                desc = re.sub(r"\s*Scope: .*$", "", op.get("description", "")).strip()
+                if desc:
+                    out += ["", desc]
                 query = [p for p in op.get("parameters", []) if p["in"] == "query"]
                 if query:
                     out += ["", "Query parameters:", ""]
@@ -337,7 +346,7 @@ def markdown(doc: dict[str, Any] | None = None) -> str:
     for name, schema in doc["components"]["schemas"].items():
         out += ["", f"### {name}"]
         if "description" in schema:
-            out += ["", " ".join(schema["description"].split())]
+            out += ["", " ".join(schema["description"].replace("``", "`").split())]
         fields = _fields(schema)
         if fields:
             out += ["", *fields]

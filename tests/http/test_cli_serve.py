@@ -1,0 +1,75 @@
+"""``fairq serve`` and the CLI's ``--server`` option, as subprocesses."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+from httpsupport import ADMIN, fairq_serve
+
+
+def fairq(
+    *args: str, cwd: Path, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fairq", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "200", **(env or {})},
+    )
+
+
+def test_send_receive_stats_through_a_server(tmp_path: Path) -> None:
+    with fairq_serve(tmp_path) as (url, proc):
+        env = {"FAIRQ_SERVER": url, "FAIRQ_URL": "sqlite:///elsewhere.db"}
+        out = fairq(
+            "send", "jobs", '{"order": "o-1"}', "--attr", "channel=sms", cwd=tmp_path, env=env
+        )
+        assert out.returncode == 0, out.stderr
+        assert re.fullmatch(r"[0-9a-f]{16}\n", out.stdout)
+        assert (
+            fairq("send", "jobs", "copy", "--count", "150", cwd=tmp_path, env=env).returncode == 0
+        )
+        stats = fairq("stats", cwd=tmp_path, env=env)
+        assert re.search(r"jobs\s+│\s+151\s", stats.stdout), stats.stdout + stats.stderr
+        assert url in stats.stdout
+        got = fairq("receive", "jobs", "--max", "1", cwd=tmp_path, env=env)
+        assert "o-1" in got.stdout and "channel=sms" in got.stdout
+        missing = fairq("receive", "nope", "--server", url, cwd=tmp_path)
+        assert missing.returncode == 1 and "does not exist" in missing.stderr
+        assert not (tmp_path / "elsewhere.db").exists(), "--server never opens --url"
+        info = httpx.get(f"{url}/v1/queues/jobs").json()["stats"]
+        assert info["visible"] == 150 and info["acked"] == 1
+        page = httpx.get(url + "/")
+        assert page.status_code == 200 and "fairq" in page.text
+    assert proc.stdout is not None
+    log = proc.stdout.read()
+    assert "Application shutdown complete" in log, "SIGTERM shuts the server down cleanly"
+    assert "Traceback" not in log
+
+
+def test_serve_refuses_an_open_non_loopback_address(tmp_path: Path) -> None:
+    out = fairq(
+        "serve", "--host", "0.0.0.0", "--port", "1", cwd=tmp_path, env={"FAIRQ_API_KEYS": ""}
+    )
+    assert out.returncode == 2
+    text = " ".join(out.stderr.split())
+    assert "refusing to listen on 0.0.0.0: no API keys are set" in text
+    assert "FAIRQ_API_KEYS" in text
+    out = fairq("serve", "--port", "1", cwd=tmp_path, env={"FAIRQ_API_KEYS": "k:admin"})
+    assert out.returncode == 2 and "16-256 characters" in " ".join(out.stderr.split())
+
+
+def test_serve_with_keys(tmp_path: Path) -> None:
+    with fairq_serve(tmp_path, env={"FAIRQ_API_KEYS": f"{ADMIN}:admin"}) as (url, _):
+        assert httpx.get(f"{url}/v1/queues").status_code == 401
+        ok = fairq("send", "jobs", "x", "--server", url, "--api-key", ADMIN, cwd=tmp_path)
+        assert ok.returncode == 0, ok.stderr
+        denied = fairq("stats", "--server", url, "--api-key", "nope-nope-nope-nope", cwd=tmp_path)
+        assert denied.returncode == 1 and "unknown API key" in denied.stderr
