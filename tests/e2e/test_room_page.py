@@ -1,0 +1,186 @@
+"""The waiting room's page in a real browser: Playwright for Python driving Debian's
+chromium against the rooms app served by uvicorn in a subprocess, on a SQLite file the
+test shares to move the line (admit, sell out).
+
+A fan opens ``/rooms/ev-88``, is put in line by the page itself, sees its position, then
+"you're in" with a link that carries nothing but the target (the token is in an HttpOnly
+cookie); another fan waiting sees "sold out" within one refresh interval of the sell-out.
+Skipped when /usr/bin/chromium (or Playwright) is missing, unless
+FAIRQ_REQUIRE_SERVICES=1 (CI), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import fairq
+
+CHROMIUM = "/usr/bin/chromium"
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+REFRESH = (0.3, 1.0)  # the page's refresh interval bounds in this test (seconds)
+
+_SERVE = """
+import sys, uvicorn
+from fairq.http.rooms import rooms_app
+app = rooms_app(url=sys.argv[1], target="/buy", refresh_bounds=(0.3, 1.0))
+uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[2]), log_level="warning")
+"""
+
+
+def _missing(what: str) -> None:
+    if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
+        pytest.fail(f"{what} is missing and FAIRQ_REQUIRE_SERVICES=1")
+    pytest.skip(f"{what} is missing")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not os.path.exists(CHROMIUM):
+        _missing(CHROMIUM)
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _missing("playwright (pip install playwright)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        yield b
+        b.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """The rooms app on a SQLite file; (its URL, the file's URL)."""
+    db = f"sqlite:///{tmp_path / 'rooms.db'}"
+    with fairq.connect_sync(db) as broker:
+        broker.waiting_room("ev-88", admit_rate=100)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _SERVE, db, str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                if httpx.get(f"{url}/rooms/ev-88/jwks.json", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.05)
+        yield url, db
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _page(browser: Any) -> tuple[Any, Any, list[str]]:
+    context = browser.new_context()
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    return context, page, errors
+
+
+def test_the_page_goes_from_a_position_to_you_are_in(browser: Any, served: tuple[str, str]) -> None:
+    url, db = served
+    with fairq.connect_sync(db) as broker:
+        room = broker.room("ev-88")
+        room.join_many([f"crowd-{i}" for i in range(5)])
+        context, page, errors = _page(browser)
+        try:
+            page.goto(f"{url}/rooms/ev-88")
+            position = page.locator("#position")
+            position.wait_for(state="visible", timeout=10_000)
+            assert position.inner_text() == "5"
+            assert "fans ahead of you" in page.locator("#ahead").inner_text()
+            bar = page.locator("[role=progressbar]")
+            assert bar.get_attribute("aria-valuenow") == "0"
+            room.admit(3)
+            page.wait_for_function(
+                "document.getElementById('position').textContent === '2'", timeout=5_000
+            )
+            assert float(bar.get_attribute("aria-valuenow") or 0) == pytest.approx(60, abs=1)
+            room.admit(3)
+            link = page.locator("#continue")
+            link.wait_for(state="visible", timeout=5_000)
+            assert "You're in!" in page.locator("#admitted").inner_text()
+            href = link.get_attribute("href")
+            assert href == "/buy", href  # nothing but the target: no token in any URL
+            cookies = {c["name"]: c for c in context.cookies()}
+            token = cookies["fairq_admission"]["value"]
+            assert cookies["fairq_admission"]["httpOnly"] is True
+            assert room.verify(token)["room"] == "ev-88"
+            assert token not in page.content()
+            # a reload renders "you're in" on the server side too
+            page.reload()
+            assert page.locator("#admitted").is_visible()
+        finally:
+            context.close()
+        assert not errors, f"JavaScript errors: {errors}"
+
+
+def test_a_waiting_fan_sees_sold_out_within_one_refresh(
+    browser: Any, served: tuple[str, str]
+) -> None:
+    url, db = served
+    with fairq.connect_sync(db) as broker:
+        room = broker.room("ev-88")
+        room.join_many([f"crowd-{i}" for i in range(50)])
+        context, page, errors = _page(browser)
+        try:
+            page.goto(f"{url}/rooms/ev-88")
+            page.locator("#position").wait_for(state="visible", timeout=10_000)
+            assert page.locator("#position").inner_text() == "50"
+            refresh = float(page.locator("#room").get_attribute("data-refresh") or 0)
+            assert 0 < refresh <= REFRESH[1]
+            room.sold_out()
+            told = time.monotonic()
+            page.locator("#soldout").wait_for(state="visible", timeout=10_000)
+            took = time.monotonic() - told
+            # one refresh interval (jittered by 10%), plus the browser's own latency
+            assert took <= REFRESH[1] * 1.1 + 0.5, took
+            assert "Sold out" in page.locator("#soldout").inner_text()
+            assert not page.locator("#refresh-note").is_visible()  # nothing more to wait for
+            # a fan arriving now is told at once
+            late_context, late, late_errors = _page(browser)
+            try:
+                late.goto(f"{url}/rooms/ev-88")
+                late.locator("#soldout").wait_for(state="visible", timeout=5_000)
+            finally:
+                late_context.close()
+            assert not late_errors
+        finally:
+            context.close()
+        assert not errors, f"JavaScript errors: {errors}"
