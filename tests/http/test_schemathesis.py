@@ -11,6 +11,9 @@ with 4xx; every such answer is still checked against the document.
 
 from __future__ import annotations
 
+import tempfile
+from pathlib import Path
+
 import pytest
 
 schemathesis = pytest.importorskip("schemathesis")
@@ -20,7 +23,11 @@ from schemathesis.checks import not_a_server_error, positive_data_acceptance  # 
 from fairq.http.api import Limits  # noqa: E402
 from fairq.http.app import create_app  # noqa: E402
 
-app = create_app(url="memory://", limits=Limits(max_batch=10, max_wait=0.2), sample_interval=0.5)
+# the default backend of `fairq serve`: SQLite, in a file of its own
+DB = Path(tempfile.mkdtemp(prefix="fairq-schemathesis-")) / "fairq.db"
+app = create_app(
+    url=f"sqlite:///{DB}", limits=Limits(max_batch=10, max_wait=0.2), sample_interval=0.5
+)
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 

@@ -190,35 +190,24 @@ async def ack(c: Call) -> m.AckResult:
     _check_batch(c, len(body.receipts), "max_receipts")
     backend = c.broker.backend
     name = check_name(c.path["queue"])
-    _check_receipts(body.receipts)
-    lost = await backend.ack(name, list(body.receipts))
+    lost = await backend.ack(name, body.receipts)
     return m.AckResult(len(body.receipts) - len(lost), lost)
-
-
-def _check_receipts(receipts: list[str]) -> None:
-    from ..message import parse_receipt
-
-    for r in receipts:
-        parse_receipt(r)
 
 
 async def nack(c: Call) -> None:
     body: m.NackRequest = c.body
-    _check_receipts([body.receipt])
     await c.broker.queue(c.path["queue"])._nack(body.receipt, body.delay)
 
 
 async def extend(c: Call) -> m.ExtendResult:
     body: m.ExtendRequest = c.body
     _check_batch(c, len(body.receipts), "max_receipts")
-    _check_receipts(body.receipts)
     lost = await c.broker.queue(c.path["queue"]).extend_batch(body.receipts, body.seconds)
     return m.ExtendResult(lost)
 
 
 async def dead_letter(c: Call) -> None:
     body: m.DeadLetterRequest = c.body
-    _check_receipts([body.receipt])
     await c.broker.queue(c.path["queue"])._dead_letter(body.receipt, body.reason)
 
 

@@ -67,7 +67,7 @@ class QueueOptions(Request, omit_defaults=True):
     visibility_timeout: PositiveSeconds | UnsetType = UNSET
     max_attempts: Annotated[int, Meta(ge=1, le=MAX_INT)] | UnsetType | None = UNSET
     dead_letter: Name | UnsetType | None = UNSET
-    retention: PositiveSeconds | UnsetType = UNSET
+    retention: Annotated[float, Meta(gt=0, le=1e10)] | UnsetType = UNSET
     max_length: Annotated[int, Meta(ge=1, le=MAX_INT)] | UnsetType | None = UNSET
     overflow: Literal["reject", "drop_oldest", "block"] | UnsetType = UNSET
     fifo: bool | UnsetType = UNSET
@@ -144,7 +144,9 @@ class ReceiveRequest(Request):
     wait: Annotated[float, limit("max_wait", ge=0)] = 0.0
 
 
-Receipts = Annotated[list[Annotated[str, Meta(max_length=100)]], Meta(min_length=1)]
+#: what ``receive`` hands out: the message id (16 hex digits) and the lease token
+Receipt = Annotated[str, Meta(pattern=r"^[0-7][0-9a-f]{15}\.[0-9a-f]{1,16}$")]
+Receipts = Annotated[list[Receipt], Meta(min_length=1)]
 
 
 class AckRequest(Request):
@@ -156,7 +158,7 @@ class AckRequest(Request):
 class NackRequest(Request):
     """Give a delivery back, visible again after ``delay`` seconds."""
 
-    receipt: Annotated[str, Meta(max_length=100)]
+    receipt: Receipt
     delay: Seconds = 0.0
 
 
@@ -170,7 +172,7 @@ class ExtendRequest(Request):
 class DeadLetterRequest(Request):
     """Move a delivery to the dead-letter queue at once."""
 
-    receipt: Annotated[str, Meta(max_length=100)]
+    receipt: Receipt
     reason: Annotated[str, Meta(min_length=1, max_length=1000)] = "rejected"
 
 

@@ -120,6 +120,9 @@ class Sampler:
                     self._dead_letters[name] = (await broker.queue(name).config()).dead_letter
             except QueueNotFound:
                 continue
+            except FairqError as exc:  # one queue the engine cannot read must not hide the rest
+                log.warning("cannot read the stats of queue %s: %s", name, exc)
+                continue
         now = broker.clock.now()
         if record:
             for gone in set(self._rings) - set(stats):
