@@ -6,15 +6,26 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: run demo test lint format bench clean
+.PHONY: run demo test lint format bench browser clean
 
-run: $(STAMP)          ## fairq's main job on the embedded SQLite default
+run: $(STAMP)          ## fairq's main job: the server and its dashboard, http://127.0.0.1:8040
+	$(BIN)/fairq serve
+
+demo: $(STAMP)         ## the BoxOffice ticket-PDF demo with worker processes, on SQLite
 	$(BIN)/fairq demo
 
-demo: run
-
-test: $(STAMP) lint    ## the whole test suite (lint, types, tests)
+test: $(STAMP) lint browser   ## the whole test suite (lint, types, tests, browser tests)
 	$(BIN)/python -m pytest -q
+
+browser:               ## Debian's chromium for the dashboard's browser tests, only if missing
+	@[ -x /usr/bin/chromium ] || { \
+	  if command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ]; then \
+	    echo "installing Debian's chromium for the browser tests"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } \
+	      >/dev/null 2>&1 || echo "could not install chromium: the browser tests will skip"; \
+	  else \
+	    echo "chromium is missing and apt-get is not usable: the browser tests will skip"; \
+	  fi; }
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench
@@ -40,7 +51,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[demo,bench,push,room]' --group dev
+	$(BIN)/python -m pip install -q -e '.[demo,bench,push,room,server]' --group dev
 	@touch $@
 
 clean:

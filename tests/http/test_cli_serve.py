@@ -73,3 +73,16 @@ def test_serve_with_keys(tmp_path: Path) -> None:
         assert ok.returncode == 0, ok.stderr
         denied = fairq("stats", "--server", url, "--api-key", "nope-nope-nope-nope", cwd=tmp_path)
         assert denied.returncode == 1 and "unknown API key" in denied.stderr
+
+
+def test_make_run_is_fairq_serve_on_the_default_address() -> None:
+    from fairq.http.serve import ServeOptions
+
+    root = Path(__file__).resolve().parents[2]
+    makefile = (root / "Makefile").read_text()
+    recipe = makefile.split("\nrun:", 1)[1].split("\n\n", 1)[0]
+    assert "fairq serve" in recipe
+    options = ServeOptions()
+    assert (options.host, options.port, options.url) == ("127.0.0.1", 8040, None)
+    readme = (root / "README.md").read_text()
+    assert "http://127.0.0.1:8040" in readme.split("```")[1]
