@@ -191,3 +191,19 @@ def test_screenshot_of_a_busy_dashboard(server: str, page: Any, tmp_path: Path) 
     page.locator('[data-domain="marketplace"] tr[data-key="store-2"]').wait_for(timeout=5000)
     page.goto(server + "/#/topics")
     page.locator('[data-topic="order-events"] tr[data-subscription="sms"]').wait_for(timeout=5000)
+
+
+def test_waiting_rooms_tab(server: str, page: Any, tmp_path: Path) -> None:
+    pytest.importorskip("jwt")
+    import fairq
+
+    with fairq.connect_sync(f"sqlite:///{tmp_path / 'fairq.db'}") as broker:
+        room = broker.waiting_room("ev-88", admit_rate=50.0)
+        for fan in ("ana", "bo", "cy"):
+            room.join(fan)
+    page.goto(server + "/#/rooms")
+    cell = page.locator('tr[data-room="ev-88"] td[data-col="waiting"]')
+    cell.wait_for(timeout=5000)
+    assert cell.inner_text() == "3"
+    page.locator('tr[data-room="ev-88"] a').click()
+    page.wait_for_url("**/rooms/ev-88")

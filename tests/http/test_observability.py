@@ -185,3 +185,29 @@ def test_the_client_turns_codes_back_into_the_same_exceptions() -> None:
     other = http_errors.exception_from(418, "teapot", "short and stout")
     assert isinstance(other, http_errors.RemoteError) and other.status == 418
     assert inspect.isclass(http_errors.RemoteError)
+
+
+async def test_waiting_rooms_in_the_overview_the_metrics_and_their_pages() -> None:
+    pytest.importorskip("jwt")
+    broker = await fairq.connect("memory://")
+    async with serving(broker) as s:
+        room = await broker.waiting_room("ev-88", admit_rate=100.0)
+        for fan in ("f1", "f2", "f3"):
+            await room.join(fan)
+        await room.admit(1)
+        ov = (await s.http.get("/v1/overview")).json()
+        (row,) = ov["rooms"]
+        assert (row["name"], row["phase"], row["joined"], row["admitted"], row["waiting"]) == (
+            "ev-88",
+            "open",
+            3,
+            1,
+            2,
+        )
+        m = samples((await s.http.get("/metrics")).text)
+        r = (("room", "ev-88"),)
+        assert m[("fairq_room_waiting", r)] == 2 and m[("fairq_room_joined_total", r)] == 3
+        assert m[("fairq_room_sold_out", r)] == 0
+        page = await s.http.get("/rooms/ev-88")
+        assert page.status_code == 200 and "text/html" in page.headers["content-type"]
+    await broker.close()

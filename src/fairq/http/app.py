@@ -274,6 +274,16 @@ def dashboard_routes(keys: KeyRing) -> list[BaseRoute]:
 
 
 # -- the app -------------------------------------------------------------------------------
+def _room_routes() -> list[BaseRoute]:
+    """The waiting rooms' pages and JSON (:mod:`fairq.http.rooms`, public: fans hold no
+    API key), when the ``room`` extra is installed."""
+    try:
+        from .rooms import rooms_routes
+    except ImportError:  # pragma: no cover - depends on the install
+        return []
+    return rooms_routes(lambda request: _state(request).broker)
+
+
 def _dispatch(
     handlers: dict[str, Callable[[Request], Awaitable[Response]]],
 ) -> Callable[[Request], Awaitable[Response]]:
@@ -370,6 +380,7 @@ def create_app(
         for path, handlers in by_path.items()
     ]
     routes += dashboard_routes(keys)
+    routes += _room_routes()
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

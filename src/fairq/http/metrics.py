@@ -13,6 +13,9 @@ A custom collector turns stats read fresh at each scrape into metric families:
   ``_slices``, counters ``fairq_attention_processed_total``, ``_republished_total``,
   ``_blocked_total``, ``_rate_limited_total``, ``_empty_total``, ``_parked_total``,
   ``_reconciled_total``, ``_discarded_total{state}``;
+* per waiting room: gauges ``fairq_room_waiting``, ``_pre_queue``, ``_active``,
+  ``_admit_rate``, ``_measured_rate``, ``_sold_out``, counters ``fairq_room_joined_total``,
+  ``_admitted_total``, ``_used_total``, ``_expired_total``;
 * the server: histogram ``fairq_http_request_duration_seconds{method,route,status}``
   (``route`` is the route template, so label values stay few).
 
@@ -33,7 +36,9 @@ from ..attention import AttentionStats
 from ..broker import Broker
 from ..pubsub import TopicStats
 from ..queue import QueueStats
+from ..waitingroom import RoomStats
 from .middleware import Receive, Scope, Send
+from .sampler import room_stats
 
 __all__ = ["CONTENT_TYPE", "Metrics", "RequestTimer"]
 
@@ -65,6 +70,7 @@ class Readings:
     queues: dict[str, QueueStats] = field(default_factory=dict)
     topics: dict[str, TopicStats] = field(default_factory=dict)
     attention: dict[str, AttentionStats] = field(default_factory=dict)
+    rooms: list[RoomStats] = field(default_factory=list)
 
 
 class StatsCollector(Collector):
@@ -152,6 +158,30 @@ class StatsCollector(Collector):
         yield from a_counters.values()
         yield discarded
 
+        room_gauges = {
+            n: GaugeMetricFamily(f"fairq_room_{n}", text, labels=["room"])
+            for n, text in (
+                ("waiting", "Fans in line (after the draw)"),
+                ("pre_queue", "Fans waiting for the opening draw"),
+                ("active", "Admitted fans holding a live, unused token"),
+                ("admit_rate", "Admissions per second the room is set to"),
+                ("measured_rate", "Admissions per second measured over ~10 s"),
+                ("sold_out", "1 once the room sold out"),
+            )
+        }
+        room_counters = {
+            n: CounterMetricFamily(f"fairq_room_{n}", f"Fans {n}", labels=["room"])
+            for n in ("joined", "admitted", "used", "expired")
+        }
+        for room in r.rooms:
+            for n, gauge in room_gauges.items():
+                value = room.sold_out if n == "sold_out" else getattr(room, n)
+                gauge.add_metric([room.name], float(value))
+            for n, counter in room_counters.items():
+                counter.add_metric([room.name], getattr(room, n))
+        yield from room_gauges.values()
+        yield from room_counters.values()
+
 
 class Metrics:
     """The app's registry: the request histogram and the stats collector."""
@@ -181,6 +211,7 @@ class Metrics:
                 r.attention[name] = await broker.attention(name).stats()
             except LookupError:
                 continue
+        r.rooms = await room_stats(broker)
         return r
 
     def render(self, readings: Readings) -> bytes:

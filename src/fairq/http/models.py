@@ -32,6 +32,7 @@ from ..errors import InvalidMessage
 from ..message import JSON_CONTENT_TYPE, Outgoing, Received
 from ..pubsub import PublishResult, Subscription, TopicStats
 from ..queue import QueueConfig, QueueStats
+from ..waitingroom import RoomStats
 
 NAME_PATTERN = "^[A-Za-z0-9._:-]{1,200}$"
 KEY_PATTERN = "^[A-Za-z0-9_.:-]{1,100}$"
@@ -381,7 +382,8 @@ class DomainRow(Struct, kw_only=True):
 
 
 class Overview(Struct, kw_only=True):
-    """Everything the dashboard's live view shows, in one answer."""
+    """Everything the dashboard's live view shows, in one answer (``rooms``: the waiting
+    rooms, empty when the ``room`` extra is not installed)."""
 
     time: float
     backend: str
@@ -392,6 +394,7 @@ class Overview(Struct, kw_only=True):
     queues: list[QueueRow]
     topics: list[TopicInfo]
     attention: list[DomainRow]
+    rooms: list[RoomStats]
 
 
 class History(Struct, kw_only=True):

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from ..broker import Broker
 from ..errors import FairqError, QueueNotFound
 from ..queue import QueueStats
+from ..waitingroom import RoomStats
 from . import models as m
 
 __all__ = ["Sample", "Sampler"]
@@ -258,6 +259,7 @@ class Sampler:
                 info = await attention_info(broker, name)
                 keys = await broker.attention(name).key_stats(top=self.top_keys)
                 domains.append(m.DomainRow(name=name, stats=info.stats, keys=keys))
+        rooms = await room_stats(broker)
         return m.Overview(
             time=snap.t,
             backend=broker.url,
@@ -268,4 +270,20 @@ class Sampler:
             queues=rows,
             topics=topics,
             attention=domains,
+            rooms=rooms,
         )
+
+
+async def room_stats(broker: Broker) -> list[RoomStats]:
+    """Every waiting room's numbers."""
+    out = []
+    try:
+        names = await broker.list_rooms()
+    except FairqError:
+        return []
+    for name in names:
+        try:
+            out.append(await broker.backend.room_stats(name))
+        except FairqError as exc:  # deleted meanwhile
+            log.debug("cannot read waiting room %s: %s", name, exc)
+    return out

@@ -63,6 +63,7 @@ function route() {
   if (parts[0] === "queue" && parts[1]) return { view: "queue", name: parts[1] };
   if (parts[0] === "topics") return { view: "topics" };
   if (parts[0] === "attention") return { view: "attention" };
+  if (parts[0] === "rooms") return { view: "rooms" };
   return { view: "queues" };
 }
 
@@ -227,6 +228,25 @@ function attentionView(ov) {
   }));
 }
 
+function roomsView(ov) {
+  if (!ov.rooms.length) return h("div", { class: "empty" }, "No waiting rooms yet.");
+  const rate = (r) => (r < 10 ? r.toFixed(2) : r.toFixed(1)) + "/s";
+  const head = ["room", "phase", "in line", "pre-queue", "joined", "admitted", "active", "used",
+    "expired", "admit rate", "measured", "told sold out"];
+  return h("div", {}, h("h1", {}, "Waiting rooms"),
+    h("table", { id: "rooms" },
+      h("thead", {}, h("tr", {}, head.map((c) => h("th", {}, c)))),
+      h("tbody", {}, ov.rooms.map((r) => h("tr", { "data-room": r.name },
+        h("td", { class: "text" }, h("a", { href: `/rooms/${enc(r.name)}` }, r.name)),
+        h("td", { class: "text" }, r.phase === "open" ? h("span", { class: "badge ok" }, "open")
+          : r.phase === "sold_out" ? h("span", { class: "badge bad" }, "sold out")
+            : h("span", { class: "badge warn" }, r.phase)),
+        h("td", { "data-col": "waiting" }, r.waiting), h("td", {}, r.pre_queue), h("td", {}, r.joined),
+        h("td", {}, r.admitted), h("td", {}, r.active), h("td", {}, r.used), h("td", {}, r.expired),
+        h("td", {}, rate(r.admit_rate)), h("td", {}, rate(r.measured_rate)), h("td", {}, r.told_sold_out))))),
+    h("p", { class: "note" }, "A room's name links to the fans' page."));
+}
+
 // -- charts ----------------------------------------------------------------------------
 function chart(id, series, data) {
   const el = document.getElementById(id);
@@ -271,6 +291,7 @@ function render(force) {
   if (r.view === "queue") content = queueView(ov, r.name);
   else if (r.view === "topics") content = topicsView(ov);
   else if (r.view === "attention") content = attentionView(ov);
+  else if (r.view === "rooms") content = roomsView(ov);
   else content = queuesView(ov);
   // keep the charts, the DLQ table and the last redrive result across refreshes
   for (const [id, el] of Object.entries(keep)) {
