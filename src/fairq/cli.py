@@ -672,8 +672,16 @@ def worker(
 
 
 # -- demo ----------------------------------------------------------------------------------
-@app.command()
+demo_app = typer.Typer(
+    help="Runnable scenarios of the seeds: BoxOffice ticket PDFs (default), flash-sale.",
+    add_completion=False,
+)
+app.add_typer(demo_app, name="demo")
+
+
+@demo_app.callback(invoke_without_command=True)
 def demo(
+    ctx: typer.Context,
     jobs: Annotated[int, typer.Option(help="How many GenerateTicketPdf jobs to send.")] = 300,
     workers: Annotated[int, typer.Option(help="Worker processes.")] = 2,
     concurrency: Annotated[int, typer.Option(help="Handlers per worker process.")] = 4,
@@ -683,7 +691,10 @@ def demo(
     ] = False,
     url: UrlOption = None,
 ) -> None:
-    """The BoxOffice ticket-PDF scenario: send jobs, run worker processes, show progress."""
+    """The BoxOffice ticket-PDF scenario: send jobs, run worker processes, show progress.
+    ``fairq demo flash-sale``: the 10:00 sale behind a waiting room."""
+    if ctx.invoked_subcommand is not None:
+        return
     from .demo.run import run_demo
 
     _run(
@@ -697,6 +708,43 @@ def demo(
             console=console,
         )
     )
+
+
+@demo_app.command("flash-sale")
+def flash_sale(
+    fans: Annotated[int, typer.Option(help="Fans who come for the sale.")] = 20_000,
+    seats: Annotated[int, typer.Option(help="Seats on sale.")] = 3_000,
+    rate: Annotated[float, typer.Option(help="Fans admitted per second.")] = 100.0,
+    inventory_rate: Annotated[
+        float, typer.Option(help="Holds the inventory makes per second, at most.")
+    ] = 400.0,
+    hold: Annotated[float, typer.Option(help="Seconds a seat hold lasts unless bought.")] = 4.0,
+    buy_share: Annotated[float, typer.Option(help="Share of fans who buy their hold.")] = 0.75,
+    pre_open: Annotated[
+        float, typer.Option(help="Seconds before opening (fans arriving then are drawn).")
+    ] = 3.0,
+    adaptive: Annotated[
+        bool, typer.Option(help="Lower the admit rate when the inventory degrades.")
+    ] = True,
+    seed: Annotated[int | None, typer.Option(help="Seed of the simulated crowd.")] = None,
+    url: UrlOption = None,
+) -> None:
+    """The seed's flash sale: a crowd, a waiting room admitting at --rate, a rate-limited
+    inventory whose holds expire (delayed messages), and "sold out" for everyone left."""
+    from .demo.flash_sale import SaleConfig, run_flash_sale
+
+    config = SaleConfig(
+        fans=fans,
+        seats=seats,
+        rate=rate,
+        inventory_rate=inventory_rate,
+        hold=hold,
+        buy_share=buy_share,
+        pre_open=pre_open,
+        adaptive=adaptive,
+        seed=seed,
+    )
+    _run(lambda: run_flash_sale(url, config, console))
 
 
 # -- bench ---------------------------------------------------------------------------------

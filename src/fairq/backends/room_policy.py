@@ -20,6 +20,7 @@ admitted fans holding live tokens are ``head - expired_upto - used_live``.
 from __future__ import annotations
 
 import math
+import operator
 import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
@@ -88,11 +89,13 @@ class RoomRow:
 
     def snapshot(self) -> tuple[object, ...]:
         """The stored values, to tell whether an operation changed anything."""
-        return tuple(getattr(self, f.name) for f in fields(self))
+        values: tuple[object, ...] = _ALL_FIELDS(self)
+        return values
 
 
 #: the columns of a stored row, in :class:`RoomRow` order (``config`` as JSON)
 ROW_FIELDS = tuple(f.name for f in fields(RoomRow))
+_ALL_FIELDS = operator.attrgetter(*ROW_FIELDS)
 
 
 def phase(row: RoomRow) -> RoomPhase:

@@ -101,12 +101,24 @@ class _Room:
             )
 
 
+_configs: dict[str, RoomConfig] = {}  # parsed configs by their JSON (few, and immutable)
+
+
+def _config(text: str) -> RoomConfig:
+    config = _configs.get(text)
+    if config is None:
+        if len(_configs) > 1000:
+            _configs.clear()
+        config = _configs[text] = RoomConfig.from_dict(orjson.loads(text))
+    return config
+
+
 def _find(t: Txn, name: str) -> _Room | None:
     found = t.conn.execute(_SELECT, (name,)).fetchone()
     if found is None:
         return None
     values = list(found)
-    values[_CONFIG_AT] = RoomConfig.from_dict(orjson.loads(values[_CONFIG_AT]))
+    values[_CONFIG_AT] = _config(values[_CONFIG_AT])
     room = _Room(t, RoomRow(*values))
     policy.draw_if_due(room.row, t.now)  # SPEC §8 rule 3: whoever comes first draws
     return room
