@@ -104,3 +104,16 @@ async def test_the_client_sends_its_key() -> None:
             with pytest.raises(RemoteError) as info:
                 await nobody.list_queues()
             assert info.value.status == 401
+
+
+def test_importing_fairq_http_stays_light() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fairq.http; from fairq.http import IdempotencyMiddleware; "
+        "print(sorted(m for m in ('starlette', 'httpx', 'msgspec', 'uvicorn', 'prometheus_client')"
+        " if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

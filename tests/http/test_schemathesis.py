@@ -22,6 +22,7 @@ from schemathesis.checks import not_a_server_error, positive_data_acceptance  # 
 
 from fairq.http.api import Limits  # noqa: E402
 from fairq.http.app import create_app  # noqa: E402
+from fairq.http.auth import KeyRing  # noqa: E402
 
 # the default backend of `fairq serve`: SQLite, in a file of its own
 DB = Path(tempfile.mkdtemp(prefix="fairq-schemathesis-")) / "fairq.db"
@@ -36,4 +37,25 @@ schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 def test_api_conforms_to_its_openapi_document(case: schemathesis.Case) -> None:
     case.call_and_validate(
         additional_checks=[not_a_server_error], excluded_checks=[positive_data_acceptance]
+    )
+
+
+# the same API with API keys: the document gains its security schemes and 401/403 answers
+KEY = "schemathesis-admin-key-0123456789"
+secured = create_app(
+    url="memory://",
+    keys=KeyRing.parse(f"{KEY}:admin"),
+    limits=Limits(max_batch=10, max_wait=0.2),
+    sample_interval=0.5,
+)
+secured_schema = schemathesis.openapi.from_asgi("/openapi.json", secured)
+
+
+@secured_schema.parametrize()
+@settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+def test_api_with_keys_conforms_to_its_openapi_document(case: schemathesis.Case) -> None:
+    case.call_and_validate(
+        headers={"Authorization": f"Bearer {KEY}"},
+        additional_checks=[not_a_server_error],
+        excluded_checks=[positive_data_acceptance],
     )

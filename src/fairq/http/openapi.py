@@ -81,7 +81,9 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
         )
     if route.query is not None:
         params.extend(_query_parameters(route.query))
-    scope = "any valid key" if route.scope == "read" else f"`{route.scope}` (or `admin`)"
+    scope = {"read": "any valid key", "public": "none, no key needed"}.get(
+        route.scope, f"`{route.scope}` (or `admin`)"
+    )
     description = route.description
     if auth:
         description = f"{description}\n\nScope: {scope}.".strip()
@@ -108,7 +110,8 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
         errors |= {422}
     if route.path_params:
         errors |= {400}
-    if auth:
+    secured = auth and route.scope != "public"
+    if secured:
         errors |= {401, 403}
     responses: dict[str, Any] = {}
     if route.stream:
@@ -136,7 +139,7 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
         }
     op["responses"] = responses
     if auth:
-        op["security"] = [{"bearer": []}, {"apiKey": []}]
+        op["security"] = [{"bearer": []}, {"apiKey": []}] if secured else []
     return op
 
 
