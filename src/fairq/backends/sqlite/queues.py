@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+from collections import Counter
 from collections.abc import Sequence
 
 import orjson
@@ -29,10 +30,17 @@ from . import idempotency
 from .txn import QueueRow, Row, Txn, chunks, marks
 
 READY, WAITING, BLOCKED = 0, 1, 2
-COLS = "id, queue_id, state, priority, avail_at, attempt, lease, grp, body, attrs"
-ID, QID, STATE, PRIO, AVAIL, ATTEMPT, LEASE, GRP, BODY, ATTRS = range(10)
+# a published copy keeps its body in fairq_bodies (shared by its topic's copies): body_ref
+COLS = (
+    "id, queue_id, state, priority, avail_at, attempt, lease, grp, body_ref, "
+    "coalesce(body, (SELECT body FROM fairq_bodies WHERE id = body_ref)), attrs"
+)
+ID, QID, STATE, PRIO, AVAIL, ATTEMPT, LEASE, GRP, BODY_REF, BODY, ATTRS = range(11)
 
-_INSERT = "INSERT INTO fairq_messages (" + COLS + ") VALUES (?,?,?,?,?,?,?,?,?,?)"
+_INSERT = (
+    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, lease, grp, "
+    "body_ref, body, attrs) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
 _SELECT_READY = (
     "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state = 0 "
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
@@ -80,11 +88,11 @@ def _rows(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], list[R
     if not q.config.fifo:
         for mid, (body, attrs, delay, prio, grp) in zip(ids, items, strict=True):
             if delay > 0:
-                rows.append((mid, qid, WAITING, prio, now + delay, 0, None, grp, body, attrs))
+                rows.append((mid, qid, WAITING, prio, now + delay, 0, None, grp, None, body, attrs))
                 delayed += 1
                 t.waiting_until(now + delay)
             else:
-                rows.append((mid, qid, READY, prio, now, 0, None, grp, body, attrs))
+                rows.append((mid, qid, READY, prio, now, 0, None, grp, None, body, attrs))
                 visible += 1
     else:
         conn = t.conn
@@ -100,7 +108,7 @@ def _rows(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], list[R
                     is not None
                 )
             if has_head:
-                rows.append((mid, qid, BLOCKED, prio, now + delay, 0, None, grp, body, attrs))
+                rows.append((mid, qid, BLOCKED, prio, now + delay, 0, None, grp, None, body, attrs))
                 visible += 1
             else:
                 conn.execute(
@@ -108,11 +116,13 @@ def _rows(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], list[R
                     (qid, grp, mid),
                 )
                 if delay > 0:
-                    rows.append((mid, qid, WAITING, prio, now + delay, 0, None, grp, body, attrs))
+                    rows.append(
+                        (mid, qid, WAITING, prio, now + delay, 0, None, grp, None, body, attrs)
+                    )
                     delayed += 1
                     t.waiting_until(now + delay)
                 else:
-                    rows.append((mid, qid, READY, prio, now, 0, None, grp, body, attrs))
+                    rows.append((mid, qid, READY, prio, now, 0, None, grp, None, body, attrs))
                     visible += 1
             headed[grp] = True
     t.add(qid, "visible", visible)
@@ -145,10 +155,41 @@ def _advance_group(t: Txn, q: QueueRow, grp: str) -> None:
         conn.execute("UPDATE fairq_messages SET state = 0 WHERE id = ?", (nxt[0],))
 
 
+def _unref_bodies(t: Txn, refs: Counter[int]) -> None:
+    """Messages sharing a published body are gone: drop the bodies nobody refers to."""
+    if not refs:
+        return
+    t.conn.executemany(
+        "UPDATE fairq_bodies SET refs = refs - ? WHERE id = ?",
+        [(n, ref) for ref, n in refs.items()],
+    )
+    for chunk in chunks(list(refs)):
+        t.conn.execute(
+            f"DELETE FROM fairq_bodies WHERE id IN ({marks(len(chunk))}) AND refs <= 0", chunk
+        )
+
+
+def _unref_queue(t: Txn, q: QueueRow) -> None:
+    """Before a queue's messages are deleted wholesale: release their shared bodies."""
+    refs = Counter(
+        {
+            ref: n
+            for ref, n in t.conn.execute(
+                "SELECT body_ref, COUNT(*) FROM fairq_messages "
+                "WHERE queue_id = ? AND body_ref IS NOT NULL GROUP BY body_ref",
+                (q.id,),
+            )
+        }
+    )
+    _unref_bodies(t, refs)
+
+
 def _delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
-    """Delete messages of ``q`` (any state), keeping counts and FIFO heads right."""
+    """Delete messages of ``q`` (any state), keeping counts, FIFO heads and shared bodies
+    right."""
     for chunk in chunks([r[ID] for r in rows]):
         t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk)
+    _unref_bodies(t, Counter(r[BODY_REF] for r in rows if r[BODY_REF] is not None))
     counts = {"visible": 0, "delayed": 0, "in_flight": 0}
     for r in rows:
         counts[_category(r[STATE], r[LEASE])] -= 1
@@ -247,7 +288,7 @@ def sweep(t: Txn) -> None:
     t.store.due = math.inf if due is None else due
 
 
-_LEASE_COLS = "id, queue_id, state, priority, avail_at, attempt, lease, grp"
+_LEASE_COLS = "id, queue_id, state, priority, avail_at, attempt, lease, grp, body_ref"
 
 
 def _current_leases(
@@ -319,6 +360,7 @@ def delete_queue(t: Txn, name: str) -> bool:
     if q is None:
         return False
     conn = t.conn
+    _unref_queue(t, q)
     conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_dedup WHERE queue_id = ?", (q.id,))
@@ -374,26 +416,42 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
         make_room(t, q, len(indices))
     copies = plan.copies
     blobs = [_blob(c.attributes) for c in copies]
+    # a body copied into several queues is stored once, with a count of its references
+    shares = Counter(i for _, indices in targets for i in indices)
+    refs: dict[int, int] = {}
+    shared = [i for i, n in shares.items() if n > 1]
+    if shared:
+        ref_ids = t.allocate(len(shared))
+        t.conn.executemany(
+            "INSERT INTO fairq_bodies (id, body, refs) VALUES (?, ?, ?)",
+            [(ref, copies[i].body, shares[i]) for ref, i in zip(ref_ids, shared, strict=True)],
+        )
+        refs = dict(zip(shared, ref_ids, strict=True))
     rows: list[Row] = []
     now = t.now
     ids = iter(t.allocate(sum(len(indices) for _, indices in targets)))
     for q, indices in targets:
         if q.config.fifo:
             items = [(copies[i].body, blobs[i], copies[i].delay, 0, None) for i in indices]
-            rows += _rows(t, q, items)[1]
+            fifo_rows = _rows(t, q, items)[1]
+            for row, i in zip(fifo_rows, indices, strict=True):
+                ref = refs.get(i)  # FIFO rows are built by _rows: point them at the shared body
+                rows.append(row if ref is None else (*row[:8], ref, None, row[10]))
             continue
         qid = q.id
         delayed = 0
         for i in indices:
             c = copies[i]
+            ref = refs.get(i)
+            body = c.body if ref is None else None
             if c.delay > 0:
                 rows.append(
-                    (next(ids), qid, WAITING, 0, now + c.delay, 0, None, None, c.body, blobs[i])
+                    (next(ids), qid, WAITING, 0, now + c.delay, 0, None, None, ref, body, blobs[i])
                 )
                 t.waiting_until(now + c.delay)
                 delayed += 1
             else:
-                rows.append((next(ids), qid, READY, 0, now, 0, None, None, c.body, blobs[i]))
+                rows.append((next(ids), qid, READY, 0, now, 0, None, None, ref, body, blobs[i]))
         t.add(qid, "visible", len(indices) - delayed)
         t.add(qid, "delayed", delayed)
         t.add(qid, "sent", len(indices))
@@ -468,11 +526,11 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
             if attempt > 1:
                 redelivered += 1
             hid = f"{mid:016x}"
-            attrs = r[9]
+            attrs = r[10]
             out.append(
                 Received(
                     hid,
-                    r[8],
+                    r[9],
                     orjson.loads(attrs) if attrs else {},
                     attempt,
                     (mid >> 16) / 1000.0,
@@ -597,6 +655,7 @@ def stats(t: Txn, name: str) -> QueueStats:
 def purge(t: Txn, name: str) -> int:
     q = t.queue(name)
     conn = t.conn
+    _unref_queue(t, q)
     n = conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,)).rowcount
     conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ?", (q.id,))
     t.flush()

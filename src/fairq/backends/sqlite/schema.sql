@@ -1,10 +1,12 @@
--- fairq's SQLite schema, version 4. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 6. Every statement is idempotent (IF NOT EXISTS), so
 -- txn.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
 --   version 2: topics, subscriptions, topic deduplication
 --   version 3: idempotency keys and version gates
 --   version 4: attention domains (keys, signals, tenants, slices)
+--   version 5: waiting rooms
+--   version 6: bodies shared by a publish's copies (fairq_bodies, fairq_messages.body_ref)
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -45,7 +47,8 @@ CREATE TABLE IF NOT EXISTS fairq_messages (
     attempt   INTEGER NOT NULL,  -- deliveries so far
     lease     INTEGER,           -- token of the current lease, NULL when not leased
     grp       TEXT,
-    body      BLOB NOT NULL,
+    body_ref  INTEGER,           -- fairq_bodies.id of a body shared by a topic's copies
+    body      BLOB,              -- the body, unless body_ref names a shared one
     attrs     BLOB               -- JSON object; NULL when there are none
 );
 
@@ -272,3 +275,11 @@ CREATE TABLE IF NOT EXISTS fairq_room_used (
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS fairq_room_ix_used_place ON fairq_room_used (room_id, place);
+
+-- version 6: bodies shared by the copies of a publish ----------------------------------------
+-- (fairq_messages gains body_ref; txn.ADDED_COLUMNS adds it to older files)
+CREATE TABLE IF NOT EXISTS fairq_bodies (
+    id   INTEGER PRIMARY KEY,
+    body BLOB NOT NULL,
+    refs INTEGER NOT NULL          -- messages still pointing here; deleted at 0
+);

@@ -24,7 +24,7 @@ from ...message import next_id_base
 from ...pubsub import Subscription, SubscriptionIndex, TopicConfig
 from ...queue import QueueConfig
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 
@@ -41,6 +41,18 @@ def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
     """``items`` in slices of at most ``size``."""
     for i in range(0, len(items), size):
         yield items[i : i + size]
+
+
+# columns added to tables that older files already have (CREATE TABLE IF NOT EXISTS does
+# not touch an existing table): (table, column, declaration), with the version that added it
+ADDED_COLUMNS = [("fairq_messages", "body_ref", "INTEGER")]  # 6: bodies shared by copies
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    for table, column, declaration in ADDED_COLUMNS:
+        have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in have:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
 
 def apply_schema(conn: sqlite3.Connection) -> None:
@@ -69,6 +81,7 @@ def apply_schema(conn: sqlite3.Connection) -> None:
             for statement in script.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            _add_missing_columns(conn)
             conn.executemany(
                 "INSERT OR IGNORE INTO fairq_meta (key, value) VALUES (?, ?)",
                 [("last_id", 0), ("config_version", 0)],
