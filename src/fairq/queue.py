@@ -26,6 +26,7 @@ T = TypeVar("T")
 Overflow = Literal["reject", "drop_oldest", "block"]
 _OVERFLOWS = ("reject", "drop_oldest", "block")
 MAX_PRIORITY_LIMIT = 255
+MAX_RETENTION = 1e10  # seconds (317 years): keeps every deadline inside a 64-bit id
 MAX_GROUP = 128
 
 
@@ -70,7 +71,10 @@ class QueueConfig:
             check_name(self.dead_letter, "dead-letter queue")
             if self.dead_letter == name:
                 raise ConfigConflict(f"queue {name!r} cannot be its own dead-letter queue")
-        _number("retention", self.retention, strict=True)
+        if _number("retention", self.retention, strict=True) > MAX_RETENTION:
+            raise InvalidOption(
+                f"retention must be at most {MAX_RETENTION:g} s, got {self.retention!r}"
+            )
         if self.max_length is not None:
             _count("max_length", self.max_length, minimum=1)
         if self.overflow not in _OVERFLOWS:

@@ -137,6 +137,7 @@ async def test_valid_queue_names(broker: fairq.Broker, name: str) -> None:
         ("max_attempts", 1.5),
         ("dead_letter", "bad name"),
         ("retention", 0),
+        ("retention", 1e12),
         ("max_length", 0),
         ("max_length", True),
         ("overflow", "explode"),
