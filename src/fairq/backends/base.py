@@ -144,12 +144,17 @@ def publish_plan(
     per_queue: dict[str, list[int]] = {}
     matched: list[list[str]] = []
     copies: list[Envelope] = []
+    key_attrs: dict[str, dict[str, str]] = {}  # one shared dict per routing key, if no others
     for i, env in enumerate(fresh):
-        names = index.match(env.routing_key, env.attributes)
+        key = env.routing_key
+        names = index.match(key, env.attributes)
         matched.append(names)
         attrs = env.attributes
-        if env.routing_key:
-            attrs = {**attrs, "fairq.routing_key": env.routing_key}
+        if key:
+            if attrs:
+                attrs = {**attrs, "fairq.routing_key": key}
+            else:
+                attrs = key_attrs.get(key) or key_attrs.setdefault(key, {"fairq.routing_key": key})
         copies.append(Envelope(env.body, attrs, env.delay))
         for name in names:
             queue = subscriptions[name].queue

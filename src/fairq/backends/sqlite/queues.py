@@ -415,7 +415,13 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
     for q, indices in targets:
         make_room(t, q, len(indices))
     copies = plan.copies
-    blobs = [_blob(c.attributes) for c in copies]
+    encoded: dict[int, bytes | None] = {}  # copies may share one attributes dict
+    blobs = []
+    for c in copies:
+        blob = encoded.get(id(c.attributes), b"")
+        if blob == b"":
+            blob = encoded[id(c.attributes)] = _blob(c.attributes)
+        blobs.append(blob)
     # a body copied into several queues is stored once, with a count of its references
     shares = Counter(i for _, indices in targets for i in indices)
     refs: dict[int, int] = {}
