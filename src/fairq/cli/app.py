@@ -1,0 +1,119 @@
+"""The ``fairq`` Typer app and what its commands share: console, options, error
+handling, small formatters. The commands live in the sibling modules."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from .. import __version__
+from ..broker import Broker, connect
+from ..errors import FairqError
+
+if TYPE_CHECKING:
+    from ..http.client import Client
+
+
+app = typer.Typer(
+    name="fairq",
+    help="fairq: durable queues, pub/sub, fair attention queues — embedded on SQLite.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+T = TypeVar("T")
+
+UrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--url", "-u", envvar="FAIRQ_URL", help="Backend URL (default sqlite:///fairq.db)."
+    ),
+]
+ServerOption = Annotated[
+    str | None,
+    typer.Option(
+        "--server",
+        "-s",
+        envvar="FAIRQ_SERVER",
+        help="Go through a fairq server (http://host:port) instead of --url.",
+    ),
+]
+ApiKeyOption = Annotated[
+    str | None,
+    typer.Option("--api-key", envvar="FAIRQ_API_KEY", help="API key for --server."),
+]
+
+
+async def _open(url: str | None, server: str | None, api_key: str | None) -> Broker | Client:
+    """The broker at ``url``, or a client of the server at ``server``."""
+    if server:
+        try:
+            from ..http.client import Client
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise typer.BadParameter(
+                f"--server needs httpx: pip install 'fairq[server]' ({exc})"
+            ) from exc
+        return Client(server, api_key)
+    return await connect(url)
+
+
+def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """Run a coroutine; turn fairq errors into a one-line message and exit code 1."""
+    try:
+        return asyncio.run(main())
+    except FairqError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+
+
+def _parse_attrs(pairs: list[str]) -> dict[str, str]:
+    attrs = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            raise typer.BadParameter(f"attributes are key=value, got {pair!r}", param_hint="--attr")
+        attrs[key] = value
+    return attrs
+
+
+def _age(seconds: float) -> str:
+    if seconds <= 0:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+@app.callback(invoke_without_command=True)
+def _main(
+    version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
+) -> None:
+    if version:
+        console.print(f"fairq {__version__}")
+        raise typer.Exit()
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def main() -> None:
+    """Entry point of the ``fairq`` console script."""
+    app()

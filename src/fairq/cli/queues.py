@@ -1,0 +1,234 @@
+"""Queue commands: send, receive, stats, redrive."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.live import Live
+from rich.table import Table
+
+from ..broker import Broker
+from ..queue import QueueStats
+
+if TYPE_CHECKING:
+    from ..http.client import Client
+
+
+from .app import (
+    ApiKeyOption,
+    ServerOption,
+    UrlOption,
+    _age,
+    _open,
+    _parse_attrs,
+    _progress,
+    _run,
+    app,
+    console,
+)
+
+
+# -- send / receive ------------------------------------------------------------------------
+@app.command()
+def send(
+    queue: Annotated[str, typer.Argument(help="Queue name.")],
+    body: Annotated[
+        str | None, typer.Argument(help="Message body; '-' or omitted reads stdin.")
+    ] = None,
+    attr: Annotated[
+        list[str], typer.Option("--attr", "-a", help="Attribute key=value (repeatable).")
+    ] = [],  # noqa: B006
+    delay: Annotated[float, typer.Option(help="Seconds before it becomes visible.")] = 0.0,
+    priority: Annotated[int, typer.Option(help="Priority (0..max_priority).")] = 0,
+    group: Annotated[str | None, typer.Option(help="FIFO group.")] = None,
+    dedup_id: Annotated[str | None, typer.Option("--dedup-id", help="Deduplication id.")] = None,
+    count: Annotated[int, typer.Option(help="Send this many copies (in batches of 100).")] = 1,
+    declare: Annotated[
+        bool, typer.Option(help="Declare the queue first if it does not exist.")
+    ] = True,
+    url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Send a message (or --count copies) and print the id(s)."""
+    data = sys.stdin.buffer.read() if body is None or body == "-" else body.encode()
+    attrs = _parse_attrs(attr)
+
+    async def main() -> None:
+        from ..message import Outgoing
+
+        async with await _open(url, server, api_key) as broker:
+            q = broker.queue(queue)
+            if declare and queue not in await broker.list_queues(prefix=queue):
+                q = await broker.declare_queue(queue)
+            if count == 1:
+                console.print(await q.send(data, attrs, delay, priority, group, dedup_id))
+                return
+            with _progress() as progress:
+                task = progress.add_task(f"sending to {queue}", total=count)
+                left = count
+                while left:
+                    n = min(100, left)
+                    await q.send_batch(
+                        [Outgoing(data, attrs, delay, priority, group) for _ in range(n)]
+                    )
+                    left -= n
+                    progress.advance(task, n)
+
+    _run(main)
+
+
+@app.command()
+def receive(
+    queue: Annotated[str, typer.Argument(help="Queue name.")],
+    max_messages: Annotated[int, typer.Option("--max", "-n", help="At most this many.")] = 10,
+    wait: Annotated[float, typer.Option(help="Long-poll up to this many seconds.")] = 0.0,
+    ack: Annotated[
+        bool, typer.Option(help="Ack what was received (--no-ack leaves it leased).")
+    ] = True,
+    peek: Annotated[bool, typer.Option(help="Show messages without leasing them.")] = False,
+    url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Receive messages, print them as a table, and ack them."""
+
+    async def main() -> None:
+        async with await _open(url, server, api_key) as broker:
+            q = broker.queue(queue)
+            msgs = await q.peek(max_messages) if peek else await q.receive(max_messages, wait=wait)
+            if not msgs:
+                console.print(f"[dim]no messages in {queue}[/dim]")
+                return
+            table = Table(title=f"{queue}: {len(msgs)} message(s)" + (" (peek)" if peek else ""))
+            for col in ("id", "attempt", "age", "attributes", "body"):
+                table.add_column(col)
+            now = broker.clock.now()
+            for m in msgs:
+                text = m.body.decode("utf-8", "replace")
+                table.add_row(
+                    m.id,
+                    str(m.attempt),
+                    _age(now - m.enqueued_at),
+                    " ".join(f"{k}={v}" for k, v in m.attributes.items()),
+                    text if len(text) <= 80 else text[:77] + "...",
+                )
+            console.print(table)
+            if ack and not peek:
+                await q.ack_batch([m.receipt for m in msgs])
+
+    _run(main)
+
+
+# -- stats ---------------------------------------------------------------------------------
+async def stats_table(broker: Broker | Client, names: list[str] | None = None) -> Table:
+    """A table of every queue's counts, ages and counters."""
+    names = names or await broker.list_queues()
+    all_stats: dict[str, QueueStats] = {}
+    for name in names:
+        all_stats[name] = await broker.queue(name).stats()
+    table = Table(title=f"fairq queues — {broker.url}")
+    for col in (
+        "queue",
+        "visible",
+        "delayed",
+        "in flight",
+        "oldest",
+        "dlq",
+        "sent",
+        "acked",
+        "nacked",
+        "redelivered",
+        "dead-lettered",
+        "expired",
+        "freshness",
+    ):
+        table.add_column(col, justify="left" if col == "queue" else "right")
+    for name, s in all_stats.items():
+        dlq = all_stats.get(f"{name}.dlq")
+        fresh = "-"
+        if s.freshness_slo is not None:
+            fresh = (
+                f"[red]BREACH > {s.freshness_slo:g}s[/red]" if s.breaching else "[green]ok[/green]"
+            )
+        table.add_row(
+            name,
+            str(s.visible),
+            str(s.delayed),
+            str(s.in_flight),
+            _age(s.oldest_age),
+            "-" if dlq is None else str(dlq.depth),
+            str(s.sent),
+            str(s.acked),
+            str(s.nacked),
+            str(s.redelivered),
+            str(s.dead_lettered),
+            str(s.expired),
+            fresh,
+        )
+    return table
+
+
+@app.command()
+def stats(
+    queues: Annotated[
+        list[str] | None, typer.Argument(help="Queues to show (default: all).")
+    ] = None,
+    watch: Annotated[bool, typer.Option(help="Refresh every second until Ctrl-C.")] = False,
+    url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Show queue statistics as a table."""
+
+    async def main() -> None:
+        async with await _open(url, server, api_key) as broker:
+            if not watch:
+                console.print(await stats_table(broker, queues))
+                return
+            with Live(
+                await stats_table(broker, queues), console=console, refresh_per_second=4
+            ) as live:
+                while True:
+                    await asyncio.sleep(1)
+                    live.update(await stats_table(broker, queues))
+
+    _run(main)
+
+
+# -- redrive -------------------------------------------------------------------------------
+@app.command()
+def redrive(
+    queue: Annotated[str, typer.Argument(help="Dead-letter queue to empty.")],
+    to: Annotated[
+        str | None, typer.Option(help="Target queue (default: each message's source).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(help="Move at most this many.")] = None,
+    url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Move dead-lettered messages back to their source queue (or --to another)."""
+
+    async def main() -> None:
+        async with await _open(url, server, api_key) as broker:
+            total = (await broker.queue(queue).stats()).visible
+            if limit is not None:
+                total = min(total, limit)
+            moved = 0
+            with _progress() as progress:
+                task = progress.add_task(f"redriving {queue}", total=total)
+                while limit is None or moved < limit:
+                    step = 1000 if limit is None else min(1000, limit - moved)
+                    n = await broker.redrive(queue, to=to, limit=step)
+                    if n == 0:
+                        break
+                    moved += n
+                    progress.update(task, completed=min(moved, total))
+            left = (await broker.queue(queue).stats()).visible
+            console.print(f"moved {moved} message(s); {left} left in {queue}")
+
+    _run(main)

@@ -1,0 +1,90 @@
+"""``fairq serve``: the HTTP API, the dashboard and /metrics."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from ..errors import FairqError
+
+if TYPE_CHECKING:
+    pass
+
+
+from .app import (
+    UrlOption,
+    app,
+    console,
+    err_console,
+)
+
+
+# -- serve ---------------------------------------------------------------------------------
+@app.command()
+def serve(
+    url: UrlOption = None,
+    host: Annotated[
+        str, typer.Option(envvar="FAIRQ_HOST", help="Address to listen on (loopback by default).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option(envvar="FAIRQ_PORT", help="Port to listen on.")] = 8040,
+    workers: Annotated[
+        bool,
+        typer.Option(
+            "--workers/--no-workers",
+            help="Also deliver push subscriptions and run the attention reconcilers here.",
+        ),
+    ] = False,
+    max_batch: Annotated[int, typer.Option(help="Most messages per request.")] = 100,
+    max_body: Annotated[
+        int | None,
+        typer.Option(help="Largest request body in bytes (default: max message size x batch)."),
+    ] = None,
+    sample_interval: Annotated[
+        float, typer.Option(help="Seconds between the dashboard's stats samples.")
+    ] = 2.0,
+    log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "info",
+    access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+) -> None:
+    """Serve the REST API, the live dashboard and /metrics (http://127.0.0.1:8040).
+
+    API keys come from FAIRQ_API_KEYS ("KEY:admin,KEY2:send+receive", see docs/server.md);
+    without keys the server listens on loopback only.
+    """
+    try:
+        from ..http.serve import ServeOptions, prepare
+        from ..http.serve import serve as run_server
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        err_console.print(
+            f"[red]error:[/red] fairq serve needs: pip install 'fairq[server]' ({exc})"
+        )
+        raise typer.Exit(2) from None
+    options = ServeOptions(
+        url=url,
+        host=host,
+        port=port,
+        workers=workers,
+        api_keys=os.environ.get("FAIRQ_API_KEYS"),
+        max_body=max_body,
+        max_batch=max_batch,
+        sample_interval=sample_interval,
+        log_level=log_level,
+        access_log=access_log,
+    )
+    try:
+        keys = prepare(options)
+    except FairqError as exc:
+        err_console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(2) from None
+    from ..broker import DEFAULT_URL, mask_url
+
+    shown = f"[{host}]" if ":" in host else host
+    backend = mask_url(url or os.environ.get("FAIRQ_URL") or DEFAULT_URL)
+    console.print(
+        f"fairq serve: dashboard [bold]http://{shown}:{port}/[/bold] · API /v1 · "
+        f"/openapi.json · /metrics — backend {backend} · "
+        + ("API keys on" if keys.enabled else "no API keys (loopback only)")
+        + (" · push deliveries and reconcilers on" if workers else "")
+    )
+    run_server(options)

@@ -1,0 +1,174 @@
+"""Publish/subscribe commands: publish, subscribe, topics."""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.table import Table
+
+from ..broker import Broker, connect
+
+if TYPE_CHECKING:
+    pass
+
+
+from .app import (
+    ApiKeyOption,
+    ServerOption,
+    UrlOption,
+    _age,
+    _open,
+    _parse_attrs,
+    _run,
+    app,
+    console,
+)
+
+
+# -- publish / subscribe -------------------------------------------------------------------
+@app.command()
+def publish(
+    topic: Annotated[str, typer.Argument(help="Topic name.")],
+    body: Annotated[
+        str | None, typer.Argument(help="Message body; '-' or omitted reads stdin.")
+    ] = None,
+    attr: Annotated[
+        list[str], typer.Option("--attr", "-a", help="Attribute key=value (repeatable).")
+    ] = [],  # noqa: B006
+    key: Annotated[
+        str, typer.Option("--key", "-k", help="Routing key, e.g. order.confirmed.br.")
+    ] = "",
+    dedup_id: Annotated[str | None, typer.Option("--dedup-id", help="Deduplication id.")] = None,
+    url: UrlOption = None,
+    server: ServerOption = None,
+    api_key: ApiKeyOption = None,
+) -> None:
+    """Publish a message to a topic; print its id and the subscriptions that got a copy."""
+    data = sys.stdin.buffer.read() if body is None or body == "-" else body.encode()
+    attrs = _parse_attrs(attr)
+
+    async def main() -> None:
+        async with await _open(url, server, api_key) as broker:
+            r = await broker.topic(topic).publish(data, attrs, routing_key=key, dedup_id=dedup_id)
+            copies = (
+                ", ".join(r.subscriptions)
+                if r.subscriptions
+                else "[dim]no subscription matched[/dim]"
+            )
+            console.print(f"{r.message_id} → {copies}")
+
+    _run(main)
+
+
+@app.command()
+def subscribe(
+    topic: Annotated[str, typer.Argument(help="Topic name (declared if missing).")],
+    name: Annotated[str, typer.Argument(help="Subscription name; its queue is TOPIC.NAME.")],
+    filter: Annotated[
+        str | None,
+        typer.Option(
+            "--filter", "-f", help='Filter policy as JSON, e.g. \'{"channel": ["sms"]}\'.'
+        ),
+    ] = None,
+    routing: Annotated[
+        str | None, typer.Option("--routing", "-r", help="Routing pattern, e.g. order.*.br.")
+    ] = None,
+    push: Annotated[str | None, typer.Option(help="Deliver by HTTP POST to this URL.")] = None,
+    url: UrlOption = None,
+) -> None:
+    """Create (or update) a subscription of a topic."""
+    import json
+
+    try:
+        policy = None if filter is None else json.loads(filter)
+    except json.JSONDecodeError as exc:
+        raise typer.BadParameter(f"not JSON: {exc}", param_hint="--filter") from exc
+
+    async def main() -> None:
+        async with await connect(url) as broker:
+            if topic not in await broker.list_topics(prefix=topic):
+                await broker.declare_topic(topic)
+            q = await broker.topic(topic).subscribe(name, filter=policy, routing=routing, push=push)
+            console.print(f"subscription {name} of {topic} → queue [cyan]{q.name}[/cyan]")
+
+    _run(main)
+
+
+async def topics_table(broker: Broker) -> Table:
+    """A table of every topic and its subscriptions, with filters, routing and depths."""
+    table = Table(title=f"fairq topics — {broker.url}")
+    for col in (
+        "topic",
+        "published",
+        "unmatched",
+        "subscription",
+        "routing",
+        "filter",
+        "push",
+        "visible",
+        "in flight",
+        "oldest",
+        "dlq",
+    ):
+        table.add_column(
+            col,
+            justify="right"
+            if col in ("published", "unmatched", "visible", "in flight", "dlq")
+            else "left",
+        )
+    queues = set(await broker.list_queues())
+    for name in await broker.list_topics():
+        t = broker.topic(name)
+        s = await t.stats()
+        subs = await t.subscriptions()
+        if not subs:
+            table.add_row(
+                name,
+                str(s.published),
+                str(s.unmatched),
+                "[dim]none[/dim]",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+                "",
+            )
+        for i, sub in enumerate(subs):
+            qs = await broker.queue(sub.queue).stats()
+            dlq = f"{sub.queue}.dlq"
+            dlq_depth = str((await broker.queue(dlq).stats()).depth) if dlq in queues else "-"
+            table.add_row(
+                name if i == 0 else "",
+                str(s.published) if i == 0 else "",
+                str(s.unmatched) if i == 0 else "",
+                sub.name,
+                sub.routing or "#",
+                "" if sub.filter is None else json_compact(sub.filter),
+                sub.push or "",
+                str(qs.visible),
+                str(qs.in_flight),
+                _age(qs.oldest_age),
+                dlq_depth,
+            )
+    return table
+
+
+def json_compact(value: Any) -> str:
+    import json
+
+    return json.dumps(value, separators=(",", ":"))
+
+
+@app.command()
+def topics(url: UrlOption = None) -> None:
+    """Show topics, their subscriptions, filters, routing and queue depths."""
+
+    async def main() -> None:
+        async with await connect(url) as broker:
+            console.print(await topics_table(broker))
+
+    _run(main)
