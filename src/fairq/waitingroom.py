@@ -47,15 +47,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import inspect
 import logging
 import math
 import secrets
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .errors import ConfigConflict, InvalidOption, InvalidToken
+from .adaptive import AdaptiveRate, Health, HealthMeter
+from .errors import BackendError, ConfigConflict, InvalidOption, InvalidToken
 from .message import check_key, check_name
 
 if TYPE_CHECKING:
@@ -283,134 +283,6 @@ def refresh_interval(state: RoomState, position: int | None, eta: float | None) 
     return max(2.0, min(30.0, eta / 10))
 
 
-# -- adaptive admission ---------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Health:
-    """A reading of the inventory's health: ``p99`` latency in seconds and ``error_rate``
-    (0..1) over a recent window; either may be None (unknown)."""
-
-    p99: float | None = None
-    error_rate: float | None = None
-
-
-class HealthMeter:
-    """Rolling health of a downstream service, measured where it is called.
-
-    Call :meth:`observe` with each call's latency and outcome; :meth:`read` gives the p99
-    and error rate of the last ``window`` seconds. Hand ``meter.read`` to
-    :class:`AdaptiveRate` as its signal.
-    """
-
-    def __init__(self, window: float = 10.0, clock: Callable[[], float] | None = None) -> None:
-        import time
-
-        self.window = _number("window", window)
-        self._now = clock or time.monotonic
-        self._samples: list[tuple[float, float, bool]] = []
-
-    def observe(self, latency: float, ok: bool = True) -> None:
-        """Record one call: its latency (seconds) and whether it succeeded."""
-        now = self._now()
-        self._samples.append((now, latency, ok))
-        if len(self._samples) > 4096 and self._samples[0][0] < now - self.window:
-            self._trim(now)
-
-    def _trim(self, now: float) -> None:
-        cut = now - self.window
-        self._samples = [s for s in self._samples if s[0] >= cut]
-
-    def read(self) -> Health:
-        """p99 latency and error rate over the window (None when nothing was observed)."""
-        self._trim(self._now())
-        if not self._samples:
-            return Health()
-        latencies = sorted(s[1] for s in self._samples)
-        p99 = latencies[min(len(latencies) - 1, math.ceil(0.99 * len(latencies)) - 1)]
-        errors = sum(1 for s in self._samples if not s[2])
-        return Health(p99, errors / len(self._samples))
-
-
-HealthSignal = Callable[[], "Health | Awaitable[Health]"]
-
-
-class AdaptiveRate:
-    """Adapts a room's admit rate to the inventory's health: additive increase,
-    multiplicative decrease (the congestion control of TCP), once per ``interval``.
-
-    The health is *degraded* when its p99 is above ``max_p99`` or its error rate above
-    ``max_error_rate``: the rate is multiplied by ``decrease`` (not below ``min_rate``).
-    It is *healthy* when both are below ``recover`` times their limit: the rate grows by
-    ``step`` (default a twentieth of ``max_rate``) up to ``max_rate`` (default: the rate
-    the admitter started with). In between, the rate holds. An unknown reading holds too.
-    """
-
-    def __init__(
-        self,
-        signal: HealthSignal,
-        *,
-        max_p99: float | None = None,
-        max_error_rate: float | None = None,
-        min_rate: float = 1.0,
-        max_rate: float | None = None,
-        decrease: float = 0.7,
-        step: float | None = None,
-        recover: float = 0.8,
-        interval: float = 1.0,
-    ) -> None:
-        if max_p99 is None and max_error_rate is None:
-            raise InvalidOption("AdaptiveRate needs max_p99, max_error_rate or both")
-        self.signal = signal
-        self.max_p99 = None if max_p99 is None else _number("max_p99", max_p99)
-        self.max_error_rate = (
-            None if max_error_rate is None else _number("max_error_rate", max_error_rate)
-        )
-        self.min_rate = _number("min_rate", min_rate, strict=False)
-        self.max_rate = None if max_rate is None else _number("max_rate", max_rate)
-        if not 0 < decrease < 1:
-            raise InvalidOption(f"decrease must be between 0 and 1, got {decrease!r}")
-        self.decrease = decrease
-        self.step = None if step is None else _number("step", step)
-        if not 0 < recover <= 1:
-            raise InvalidOption(f"recover must be in (0, 1], got {recover!r}")
-        self.recover = recover
-        self.interval = _number("interval", interval)
-
-    def judge(self, health: Health) -> Literal["degraded", "healthy", "hold"]:
-        """What a reading says: degraded, healthy, or in between (hold)."""
-        checks = [
-            (health.p99, self.max_p99),
-            (health.error_rate, self.max_error_rate),
-        ]
-        known = [(v, limit) for v, limit in checks if limit is not None and v is not None]
-        if not known:
-            return "hold"
-        if any(v > limit for v, limit in known):
-            return "degraded"
-        if all(v <= limit * self.recover for v, limit in known):
-            return "healthy"
-        return "hold"
-
-    def next_rate(self, rate: float, health: Health, ceiling: float) -> float:
-        """The rate after one reading, given the current ``rate`` and the ``ceiling``."""
-        top = self.max_rate if self.max_rate is not None else ceiling
-        verdict = self.judge(health)
-        if verdict == "degraded":
-            return max(self.min_rate, rate * self.decrease)
-        if verdict == "healthy":
-            step = self.step if self.step is not None else max(1.0, top / 20)
-            return min(top, rate + step)
-        return rate
-
-    async def read(self) -> Health:
-        """Read the signal (a plain or async callable)."""
-        value = self.signal()
-        if inspect.isawaitable(value):
-            value = await value
-        if not isinstance(value, Health):
-            raise InvalidOption(f"the health signal must return fairq.Health, got {value!r}")
-        return value
-
-
 # -- the handle ------------------------------------------------------------------------------
 class WaitingRoom:
     """A handle to one waiting room; get it from ``await broker.waiting_room(...)`` (create
@@ -528,7 +400,9 @@ class WaitingRoom:
         lease at a time and admits, the others stand by and take over within ``lease``
         seconds if it dies. Each step (every ``tick`` seconds) renews the lease and lets in
         what the rate allows since the last step, so admission is smooth, and exact over
-        time. With ``adaptive``, the holder also adjusts the rate from a health signal.
+        time. With ``adaptive``, the holder also adjusts the rate from a health signal. A
+        failing backend step is logged and retried; a deleted room ends the admitter
+        (``RoomNotFound``).
         """
         tick = _number("tick", tick)
         lease = _number("lease", lease)
@@ -541,7 +415,13 @@ class WaitingRoom:
         fence: int | None = None
         try:
             while True:
-                result = await self.backend.room_tick(self.name, holder, lease)
+                try:
+                    result = await self.backend.room_tick(self.name, holder, lease)
+                except BackendError as exc:
+                    # a busy or failing engine: the lease may lapse, another may take over
+                    log.warning("room %s: admission step failed: %s", self.name, exc)
+                    await asyncio.sleep(lease / 3)
+                    continue
                 if result.fence != fence:
                     if result.fence is not None:
                         log.info(

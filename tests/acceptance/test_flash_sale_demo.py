@@ -41,7 +41,7 @@ def test_flash_sale_sells_every_seat_and_tells_everyone_else(tmp_path: Path) -> 
         "--seats", "60",
         "--rate", "100",
         "--hold", "1",
-        "--pre-open", "0.5",
+        "--pre-open", "1",
         "--seed", "1",
         cwd=tmp_path,
     )  # fmt: skip
@@ -54,7 +54,7 @@ def test_flash_sale_sells_every_seat_and_tells_everyone_else(tmp_path: Path) -> 
     assert told > 0 and number(row(out, "  of whom in the pre-queue (drawn at opening)")) > 0
     assert number(row(out, "holds made (token checked and burnt)")) > 0
     after = row(out, "  last one told, after the sell-out")
-    assert float(after.split()[0]) <= 5.0 + 0.5, after  # within one refresh interval (5 s)
+    assert float(after.split()[0]) <= 5.0 + 1.0, after  # one refresh interval (5 s) + slack
 
 
 def test_demo_help_lists_both_scenarios(tmp_path: Path) -> None:

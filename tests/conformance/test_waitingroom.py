@@ -361,6 +361,32 @@ async def test_run_admitter_returns_when_sold_out(live_broker: fairq.Broker) -> 
     await asyncio.wait_for(task, 2)
 
 
+async def test_run_admitter_survives_a_failing_step_and_ends_with_its_room(
+    live_broker: fairq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    room = await live_broker.waiting_room("ev-88", admit_rate=100)
+    await room.join_many([f"fan-{i}" for i in range(100)])
+    real = live_broker.backend.room_tick
+    failures = [2]
+
+    async def flaky(name: str, holder: str, lease: float) -> object:
+        if failures[0] > 0:
+            failures[0] -= 1
+            raise fairq.BackendError("disk on fire")
+        return await real(name, holder, lease)
+
+    monkeypatch.setattr(live_broker.backend, "room_tick", flaky)
+    task = asyncio.create_task(room.run_admitter(tick=0.02, lease=0.3))
+    for _ in range(100):
+        await asyncio.sleep(0.02)
+        if (await room.stats()).admitted > 0:
+            break
+    assert failures == [0] and (await room.stats()).admitted > 0
+    await live_broker.delete_room("ev-88")
+    with pytest.raises(fairq.RoomNotFound):
+        await asyncio.wait_for(task, 2)
+
+
 async def test_adaptive_rate_follows_the_health_signal(live_broker: fairq.Broker) -> None:
     room = await live_broker.waiting_room("ev-88", admit_rate=100)
     await room.join_many([f"fan-{i}" for i in range(1000)])
