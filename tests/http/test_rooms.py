@@ -277,8 +277,10 @@ async def test_require_admission_before_opening_and_without_a_room(
     async with client(shop("later", broker=broker)) as http:
         assert (await http.post("/holds")).status_code == 200  # no room: no sale running
         await broker.waiting_room("later", opens_at=clock.now() + 3600)
-        r = await http.post("/holds")  # the pre-queue phase is guarded: no buying at 09:59
-        assert r.status_code == 401
+        r = await http.post("/holds")  # SPEC §8 rule 6: no sale runs before opening
+        assert r.status_code == 200
+        clock.advance(3601)  # 10:00: the sale runs, tokens are required
+        assert (await http.post("/holds")).status_code == 401
 
 
 def test_require_admission_needs_a_room() -> None:

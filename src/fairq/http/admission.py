@@ -7,17 +7,17 @@ A pure ASGI middleware (no framework imported) for the purchase paths of an app:
     # or, opening the room by name on first use:
     app = RequireAdmission(app, room="ev-88", broker=broker, paths=["/holds"], consume=True)
 
-While the room's sale is running — from the moment the room exists, through its
-pre-queue, opening and sell-out, until :meth:`WaitingRoom.close
-<fairq.waitingroom.WaitingRoom.close>` — a request to a guarded path must carry a valid
+While the room's sale is running — from its ``opens_at`` (at once when it has none),
+through sell-out, until :meth:`WaitingRoom.close <fairq.waitingroom.WaitingRoom.close>`
+(SPEC §8 rule 6: "while the room is running (opened, not closed)") — a request to a
+guarded path must carry a valid
 admission token of the room, as ``Authorization: Bearer <token>`` or in the cookie the
 room's page sets (``fairq_admission``). Without one the answer is ``401`` (no token) or
 ``403`` (a forged, altered, expired, other room's or, with ``consume=True``, already used
 token), JSON ``{"error": ..., "detail": ..., "room": ..., "waiting_room": "/rooms/<room>"}``;
 a browser's ``GET`` for a page is sent to the waiting room instead (``303``). With no sale
-running (the room closed, or never made) requests pass through untouched, as the seed's
-gateway does. Guarding from creation rather than from ``opens_at`` is deliberate: before
-opening no token exists, and a purchase path left open until 10:00 is a path for bots.
+running (before opening, after closing, or no such room) requests pass through untouched,
+as the seed's gateway does: before 10:00 the shop decides what it sells, not the room.
 
 Verification needs no backend call (Ed25519, the room's key); only the room's phase is
 read, at most once per ``check_interval`` seconds, and ``consume=True`` (single use: the
@@ -43,6 +43,15 @@ __all__ = ["ADMISSION_COOKIE", "RequireAdmission"]
 
 #: the cookie a room's page puts the admission token in
 ADMISSION_COOKIE = "fairq_admission"
+
+
+async def _sale_running(room: WaitingRoom) -> bool:
+    """Opened (its ``opens_at`` has passed, or it has none) and not closed."""
+    record = await room.backend.room_record(room.name)
+    if record.phase == "closed":
+        return False
+    opens_at = record.config.opens_at
+    return opens_at is None or room.backend.clock.now() >= opens_at
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -145,7 +154,7 @@ class RequireAdmission:
             if time.monotonic() - self._checked_at >= self.check_interval:
                 room = await self._handle()
                 try:
-                    self._running = room is not None and await room.phase() != "closed"
+                    self._running = room is not None and await _sale_running(room)
                 except RoomNotFound:  # deleted: no sale; a new room of that name is opened anew
                     self._running = False
                     if self._broker is not None:
