@@ -23,6 +23,7 @@ COLORS = {
     "raw sqlite3": "#9e9e9e",
     "fairq": "#1f77b4",
     "persist-queue": "#ff7f0e",
+    "persist-queue default": "#ffbb78",
     "huey": "#2ca02c",
 }
 

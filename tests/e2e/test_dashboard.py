@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -22,78 +19,20 @@ from typing import Any
 
 import httpx
 import pytest
+from e2esupport import free_port, running
 
-CHROMIUM = "/usr/bin/chromium"
-# what this machine needs (no sandbox as root, no network but loopback)
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-
-
-def _missing(what: str) -> None:
-    if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"{what} is missing and FAIRQ_REQUIRE_SERVICES=1 (make test installs it)")
-    pytest.skip(f"{what} is missing (make test installs it)")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not os.path.exists(CHROMIUM):
-        _missing(CHROMIUM)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright (pip install playwright)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        yield b
-        b.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[str]:
     """``fairq serve`` on SQLite, sampling every half second."""
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fairq", "serve", "--port", str(port), "--sample-interval", "0.5"],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "FAIRQ_URL": "sqlite:///fairq.db", "FAIRQ_API_KEYS": ""},
-    )
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "fairq serve did not start"
-            time.sleep(0.05)
+    cmd = [sys.executable, "-m", "fairq", "serve", "--port", str(port), "--sample-interval", "0.5"]
+    env = {**os.environ, "FAIRQ_URL": "sqlite:///fairq.db", "FAIRQ_API_KEYS": ""}
+    with running(cmd, f"{url}/healthz", cwd=tmp_path, env=env):
         yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture

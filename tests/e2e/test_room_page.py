@@ -12,33 +12,16 @@ FAIRQ_REQUIRE_SERVICES=1 (CI), where that is a failure.
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from e2esupport import free_port, running
 
 import fairq
 
-CHROMIUM = "/usr/bin/chromium"
-FLAGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-    # several contexts share one browser: keep the pages' timers at full speed
-    "--disable-background-timer-throttling",
-    "--disable-renderer-backgrounding",
-    "--disable-backgrounding-occluded-windows",
-]
 REFRESH = (0.3, 1.0)  # the page's refresh interval bounds in this test (seconds)
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "waitingroom.png"
 
@@ -62,64 +45,16 @@ _WATCH_STATUS = """() => {
 }"""
 
 
-def _missing(what: str) -> None:
-    if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
-        pytest.fail(f"{what} is missing and FAIRQ_REQUIRE_SERVICES=1")
-    pytest.skip(f"{what} is missing")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if not os.path.exists(CHROMIUM):
-        _missing(CHROMIUM)
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _missing("playwright (pip install playwright)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
-        yield b
-        b.close()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[str, str]]:
     """The rooms app on a SQLite file; (its URL, the file's URL)."""
     db = f"sqlite:///{tmp_path / 'rooms.db'}"
     with fairq.connect_sync(db) as broker:
         broker.waiting_room("ev-88", admit_rate=100)
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _SERVE, db, str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{url}/rooms/ev-88/jwks.json", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None and time.monotonic() < deadline, "uvicorn did not start"
-            time.sleep(0.05)
+    with running([sys.executable, "-c", _SERVE, db, str(port)], f"{url}/rooms/ev-88/jwks.json"):
         yield url, db
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def _page(browser: Any) -> tuple[Any, Any, list[str]]:
