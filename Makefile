@@ -36,8 +36,13 @@ format: $(STAMP)
 	$(BIN)/ruff format src tests bench
 	$(BIN)/ruff check --fix src tests bench
 
-bench: $(STAMP)        ## side-by-side benchmarks; results in docs/benchmarks.md
+bench: $(STAMP)        ## every benchmark (~45 min); results in bench/results/, docs/benchmarks.md
 	$(BIN)/python -m bench.queues
+	$(BIN)/python -m bench.pubsub
+	$(BIN)/python -m bench.attention
+	$(BIN)/python -m bench.idempotency
+	$(BIN)/python -m bench.http
+	$(BIN)/python -m bench.waitingroom
 
 $(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) 2>/dev/null || { \
