@@ -1,21 +1,9 @@
-"""The worker runtime: run handlers over queues with bounded concurrency.
+"""The worker runtime's core: queue consumers in bounded slots, handlers (ack, nack with
+backoff, dead letter, idempotency claims), lease keeping and graceful shutdown.
 
-    worker = fairq.Worker("sqlite:///fairq.db", concurrency=16)
-
-    @worker.queue("ticket-pdf", concurrency=8, retry=fairq.Backoff(base=1, cap=300))
-    async def make_pdf(msg): ...
-
-    await worker.run()          # or: fairq worker app.module:worker
-
-* A handler that returns acks its message; one that raises nacks it with exponential
-  backoff and jitter (the backend dead-letters it after ``max_attempts``); one that
-  raises :class:`fairq.Reject` dead-letters it at once.
-* Messages are received only into free slots (never more than the worker can start), and
-  their leases are extended while their handler runs, so a slow handler keeps its message.
-* Sync handlers run in a thread pool.
-* ``SIGTERM``/``SIGINT`` (or :meth:`Worker.stop`): stop receiving, let running handlers
-  finish within ``grace`` seconds, then give the rest back without counting the attempt.
-  A ``SIGKILL`` loses nothing either: the leases simply run out and the messages return.
+Capabilities built on it extend :class:`Runtime` through its hooks — attention slices in
+``slices.py``, push deliveries in ``pushing.py`` — and :class:`fairq.Worker` is the last of
+them (``__init__.py``).
 """
 
 from __future__ import annotations
@@ -34,19 +22,18 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-from .attention import Attention, Slice
-from .broker import Broker, connect
-from .errors import FairqError, InvalidOption, LeaseLost, Reject
-from .idempotency import Claim, IdempotencyStore, IdempotentBy, KeyFunction
-from .message import Received, check_name
-from .queue import Queue
+from ..attention import Attention, Slice
+from ..broker import Broker, connect
+from ..errors import InvalidOption, LeaseLost, Reject
+from ..idempotency import Claim, IdempotencyStore, IdempotentBy, KeyFunction
+from ..message import Received, check_name
+from ..queue import Queue
 
-__all__ = ["Backoff", "Worker", "WorkerStats"]
+__all__ = ["Backoff", "Handler", "Runtime", "WorkerStats"]
 
 log = logging.getLogger("fairq.worker")
 
 Handler = Callable[[Received], Any]
-_SLICE_BATCH = 32  # messages a slice leases at a time
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,8 +112,8 @@ class _Running:
     task: asyncio.Task[None] | None = None
 
 
-class Worker:
-    """Runs handlers over queues; see the module docstring.
+class Runtime:
+    """The core of :class:`fairq.Worker` (which see).
 
     ``broker`` is a connected :class:`~fairq.Broker`, or a URL (None: ``$FAIRQ_URL``,
     else the SQLite default) that :meth:`run` connects to — so a worker can be defined at
@@ -214,49 +201,6 @@ class Worker:
 
         return register
 
-    def attention(
-        self,
-        domain: str,
-        concurrency: int | None = None,
-        retry: Backoff | None = None,
-        visibility_timeout: float | None = None,
-        reconcile_interval: float = 30.0,
-    ) -> Callable[[Handler], Handler]:
-        """Register the decorated function as the handler of attention domain ``domain``.
-
-        The worker takes the domain's signals with up to ``concurrency`` slices at once
-        (default: the worker's concurrency), each a run of at most the key's plan's
-        ``max_messages`` handled one after another within ``max_time``; ``msg.key`` names the
-        key. Every ``reconcile_interval`` seconds it signals keys that have work but lost
-        their signal.
-        """
-        check_name(domain, "attention domain")
-        slots = self.concurrency if concurrency is None else concurrency
-        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
-            raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
-        if (
-            isinstance(reconcile_interval, bool)
-            or not isinstance(reconcile_interval, int | float)
-            or (reconcile_interval <= 0)
-        ):
-            raise InvalidOption(f"reconcile_interval must be > 0, got {reconcile_interval!r}")
-
-        def register(handler: Handler) -> Handler:
-            if domain in self._domains:
-                raise InvalidOption(f"attention domain {domain!r} already has a handler")
-            self._domains[domain] = _Consumer(
-                domain,
-                handler,
-                slots,
-                retry or Backoff(),
-                visibility_timeout,
-                inspect.iscoroutinefunction(handler),
-                reconcile_interval=float(reconcile_interval),
-            )
-            return handler
-
-        return register
-
     # -- running ---------------------------------------------------------------------------
     def stop(self) -> None:
         """Ask a running worker to shut down gracefully (thread-safe)."""
@@ -268,25 +212,9 @@ class Worker:
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(stopping.set)
 
-    def push(
-        self,
-        topics: list[str] | None = None,
-        concurrency: int = 8,
-        timeout: float = 10.0,
-        retry: Backoff | None = None,
-        rescan: float = 10.0,
-    ) -> None:
-        """Also deliver the push subscriptions of ``topics`` (None: of every topic) by HTTP
-        POST (see :mod:`fairq.push`): 2xx acks; anything else or a timeout retries with
-        backoff, then dead-letters. Push subscriptions made later are picked up within
-        ``rescan`` seconds. Needs httpx (``pip install 'fairq[push]'``)."""
-        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
-            raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
-        self._push = _PushSettings(topics, concurrency, timeout, retry or Backoff(), rescan)
-
     async def run(self) -> None:
         """Consume until :meth:`stop`, SIGINT/SIGTERM, or cancellation; then shut down."""
-        if not self._consumers and not self._domains and self._push is None:
+        if not self._has_handlers():
             raise InvalidOption(
                 "the worker has no handlers: decorate one with @worker.queue(...) "
                 "or @worker.attention(...)"
@@ -308,26 +236,14 @@ class Worker:
                 await self._attach(c)  # QueueNotFound now rather than later
             for c in list(self._consumers.values()):
                 self._start(c)
-            for c in self._domains.values():
-                await self._attach_domain(c)
-            for c in self._domains.values():
-                handoff: asyncio.Queue[Slice] = asyncio.Queue()
-                self._spawn(self._dispatch(c, handoff), f"fairq-dispatch:{c.name}")
-                for i in range(c.concurrency):
-                    self._spawn(self._run_slices(c, handoff), f"fairq-slices:{c.name}:{i}")
-                self._spawn(self._reconcile(c), f"fairq-reconcile:{c.name}")
+            await self._start_more()
             self._spawn(self._keep_leases(), "fairq-leases")
-            if self._push is not None:
-                await self._scan_push()
-                self._spawn(self._rescan_push(), "fairq-push-scan")
             self._started.set()
             await self._stopping.wait()
         finally:
             await self._shutdown()
             self._remove_signals(signals)
-            if self._http is not None:
-                await self._http.aclose()
-                self._http = None
+            await self._close_more()
             if owns_broker:
                 await self._broker.close()
                 self._broker = None
@@ -335,19 +251,27 @@ class Worker:
         if self._error is not None:
             raise self._error
 
+    # -- hooks of the capabilities built on this runtime (slices.py, pushing.py) -------------
+    def _has_handlers(self) -> bool:
+        return bool(self._consumers)
+
+    async def _start_more(self) -> None:
+        """Start what a capability adds (after the queue consumers)."""
+
+    async def _close_more(self) -> None:
+        """Close what a capability opened (after the shutdown)."""
+
+    def _lease_lengths(self) -> list[float]:
+        return [c.lease for c in self._consumers.values()]
+
+    async def _keep_more(self, now: float) -> None:
+        """Renew what a capability leases besides messages (every lease-keeper tick)."""
+
     async def _attach(self, c: _Consumer) -> None:
         assert self._broker is not None
         c.queue = self._broker.queue(c.name)
         config = await c.queue.config()
         c.lease = c.visibility_timeout or config.visibility_timeout
-
-    async def _attach_domain(self, c: _Consumer) -> None:
-        assert self._broker is not None
-        c.attention = self._broker.attention(c.name)
-        config = await c.attention.config()  # AttentionNotFound now rather than later
-        c.slice_lease = config.slice_lease
-        queue_vt = config.queue_options.get("visibility_timeout", 30.0)
-        c.lease = c.visibility_timeout or float(queue_vt)
 
     def _start(self, c: _Consumer) -> None:
         self._spawn(self._consume(c), f"fairq-consume:{c.name}")
@@ -368,40 +292,6 @@ class Worker:
                 self._stopping.set()
 
         self._tasks.append(asyncio.create_task(guarded(), name=name))
-
-    async def _scan_push(self) -> None:
-        """Start a consumer for every push subscription not consumed yet."""
-        settings = self._push
-        assert settings is not None and self._broker is not None
-        from .push import push_handler
-
-        if self._http is None:
-            try:
-                import httpx
-            except ImportError as exc:  # pragma: no cover - depends on the install
-                raise InvalidOption("push delivery needs httpx: pip install 'fairq[push]'") from exc
-            self._http = httpx.AsyncClient()
-        broker = self._broker
-        topics = settings.topics if settings.topics is not None else await broker.list_topics()
-        for topic in topics:
-            for sub in await broker.topic(topic).subscriptions():
-                if sub.push is None or sub.queue in self._consumers:
-                    continue
-                handler = push_handler(sub, self._http, settings.timeout)
-                c = _Consumer(sub.queue, handler, settings.concurrency, settings.retry, None, True)
-                self._consumers[sub.queue] = c
-                await self._attach(c)
-                self._start(c)
-                log.info("delivering push subscription %s.%s to %s", topic, sub.name, sub.push)
-
-    async def _rescan_push(self) -> None:
-        assert self._push is not None
-        while True:
-            await asyncio.sleep(self._push.rescan)
-            try:
-                await self._scan_push()
-            except FairqError as exc:  # a topic deleted meanwhile: try again next time
-                log.warning("push subscription scan failed: %s", exc)
 
     def _install_signals(self) -> list[signal.Signals]:
         if not self.handle_signals or threading.current_thread() is not threading.main_thread():
@@ -543,93 +433,6 @@ class Worker:
         await self._end_claim(claim, done=True)  # before the ack: a crash between the two
         return True  # leaves a duplicate, not a rerun
 
-    # -- attention ---------------------------------------------------------------------------
-    async def _dispatch(self, c: _Consumer, handoff: asyncio.Queue[Slice]) -> None:
-        """Take the domain's signals for idle slice runners — one taker per domain, so a
-        signal coming due wakes one call, not every runner."""
-        assert c.attention is not None and self._stopping is not None
-        while not self._stopping.is_set():
-            if await self._take_slots(c, most=1) == 0:  # a runner is free
-                return
-            try:
-                s = await c.attention._take(self.poll_wait)
-            except BaseException:
-                await self._give_slots(c, 1)
-                raise
-            if s is None:
-                await self._give_slots(c, 1)
-            else:
-                handoff.put_nowait(s)  # the runner gives the slot back when the slice ends
-
-    async def _run_slices(self, c: _Consumer, handoff: asyncio.Queue[Slice]) -> None:
-        """One of ``c.concurrency`` runners: run the slices the dispatcher hands over."""
-        me = asyncio.current_task()
-        assert me is not None
-        while True:
-            s = await handoff.get()
-            self._busy_runners.add(me)
-            try:
-                await self._run_slice(c, s)
-            finally:
-                self._busy_runners.discard(me)
-                await self._give_slots(c, 1)
-
-    async def _run_slice(self, c: _Consumer, s: Slice) -> None:
-        """Handle up to the plan's ``max_messages`` messages of the key within ``max_time``,
-        one after another (so ``max_concurrency=1`` keeps the key's order), acking each
-        batch; then end the slice, which re-signals the key if it has backlog left."""
-        assert c.attention is not None and self._stopping is not None
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + s.plan.max_time
-        handled = 0
-        retry_at: float | None = None
-        self._slices[s.token] = _SliceRun(c, s, loop.time() + c.slice_lease)
-        try:
-            while handled < s.plan.max_messages and not self._stopping.is_set():
-                if loop.time() >= deadline:
-                    break
-                want = min(s.plan.max_messages - handled, _SLICE_BATCH)
-                try:
-                    msgs, retry_at = await c.attention._receive(s, want, c.visibility_timeout)
-                except LeaseLost:
-                    log.warning("slice of %s/%s lost its token; ending it", s.domain, s.key)
-                    break
-                if not msgs:
-                    break
-                self.stats.received += len(msgs)
-                until = loop.time() + c.lease
-                for m in msgs:
-                    self._running[m.receipt] = _Running(c, m, until)
-                done: list[Received] = []
-                try:
-                    for i, m in enumerate(msgs):
-                        if loop.time() >= deadline or self._stopping.is_set():
-                            await self._give_back(msgs[i:])
-                            break
-                        if await self._invoke(c, m):
-                            done.append(m)
-                        handled += 1
-                finally:
-                    await self._ack_all(done)
-                    for m in msgs:
-                        self._running.pop(m.receipt, None)
-        finally:
-            self._slices.pop(s.token, None)
-            try:
-                await asyncio.shield(c.attention._end(s, handled, retry_at))
-            except Exception as exc:  # the token's lease frees it anyway
-                log.warning("could not end the slice of %s/%s: %s", s.domain, s.key, exc)
-
-    async def _ack_all(self, done: list[Received]) -> None:
-        if not done:
-            return
-        q = done[0]._handle()
-        try:
-            await q.ack_batch([m.receipt for m in done])
-        except LeaseLost as exc:
-            self.stats.lease_lost += len(exc.lost)
-            log.warning("%d lease(s) on %s were lost before the ack", len(exc.lost), q.name)
-
     async def _give_back(self, msgs: list[Received]) -> None:
         """Release messages a slice leased but will not start (not counted as attempts)."""
         if msgs:
@@ -638,21 +441,6 @@ class Worker:
                 self.stats.released += len(msgs) - len(lost)
             except Exception as exc:
                 log.warning("could not give back %d message(s): %s", len(msgs), exc)
-
-    async def _reconcile(self, c: _Consumer) -> None:
-        """Signal the domain's keys that have work but no signal (lost ones), now and then."""
-        assert c.attention is not None
-        while True:
-            await asyncio.sleep(c.reconcile_interval)
-            try:
-                n = await c.attention.reconcile()
-            except FairqError as exc:
-                log.warning("reconciling %s failed: %s", c.name, exc)
-                continue
-            if n:
-                log.info(
-                    "reconciler of %s signalled %d key(s) that had lost their signal", c.name, n
-                )
 
     # -- idempotency -----------------------------------------------------------------------
     async def _claim(self, c: _Consumer, msg: Received) -> tuple[bool, Claim | None]:
@@ -709,8 +497,7 @@ class Worker:
         running slices before they run out."""
         loop = asyncio.get_running_loop()
         while True:
-            leases = [c.lease for c in (*self._consumers.values(), *self._domains.values())]
-            leases += [c.slice_lease for c in self._domains.values()]
+            leases = self._lease_lengths()
             await asyncio.sleep(max(0.05, min(min(leases, default=30.0) / 4, 5.0)))
             now = loop.time()
             due: dict[str, list[_Running]] = {}
@@ -732,17 +519,7 @@ class Worker:
                             "lease of message %s on %s is lost while it runs", r.msg.id, name
                         )
                     r.lease_until = until
-            for sr in list(self._slices.values()):
-                if sr.lease_until - now < sr.consumer.slice_lease / 2:
-                    assert sr.consumer.attention is not None
-                    try:
-                        kept = await sr.consumer.attention._extend(sr.slice)
-                    except Exception:
-                        log.warning("could not extend a slice token", exc_info=True)
-                        continue
-                    if not kept:
-                        log.warning("slice of %s/%s lost its token", sr.slice.domain, sr.slice.key)
-                    sr.lease_until = loop.time() + sr.consumer.slice_lease
+            await self._keep_more(now)
 
     async def _shutdown(self) -> None:
         assert self._stopping is not None

@@ -1,0 +1,214 @@
+"""Attention slices in the worker: one taker per domain hands signals' slices to runners,
+which handle a key's messages one after another within its plan, then end the slice."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections.abc import Callable
+
+from ..attention import Slice
+from ..errors import FairqError, InvalidOption, LeaseLost
+from ..message import Received, check_name
+from .runtime import Backoff, Handler, Runtime, _Consumer, _Running, _SliceRun
+
+log = logging.getLogger("fairq.worker")
+
+_SLICE_BATCH = 32  # messages a slice leases at a time
+
+
+class SliceRuntime(Runtime):
+    """The runtime with attention domains (``@worker.attention``)."""
+
+    def attention(
+        self,
+        domain: str,
+        concurrency: int | None = None,
+        retry: Backoff | None = None,
+        visibility_timeout: float | None = None,
+        reconcile_interval: float = 30.0,
+    ) -> Callable[[Handler], Handler]:
+        """Register the decorated function as the handler of attention domain ``domain``.
+
+        The worker takes the domain's signals with up to ``concurrency`` slices at once
+        (default: the worker's concurrency), each a run of at most the key's plan's
+        ``max_messages`` handled one after another within ``max_time``; ``msg.key`` names the
+        key. Every ``reconcile_interval`` seconds it signals keys that have work but lost
+        their signal.
+        """
+        check_name(domain, "attention domain")
+        slots = self.concurrency if concurrency is None else concurrency
+        if isinstance(slots, bool) or not isinstance(slots, int) or slots < 1:
+            raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
+        if (
+            isinstance(reconcile_interval, bool)
+            or not isinstance(reconcile_interval, int | float)
+            or (reconcile_interval <= 0)
+        ):
+            raise InvalidOption(f"reconcile_interval must be > 0, got {reconcile_interval!r}")
+
+        def register(handler: Handler) -> Handler:
+            if domain in self._domains:
+                raise InvalidOption(f"attention domain {domain!r} already has a handler")
+            self._domains[domain] = _Consumer(
+                domain,
+                handler,
+                slots,
+                retry or Backoff(),
+                visibility_timeout,
+                inspect.iscoroutinefunction(handler),
+                reconcile_interval=float(reconcile_interval),
+            )
+            return handler
+
+        return register
+
+    # -- hooks -----------------------------------------------------------------------------
+    def _has_handlers(self) -> bool:
+        return super()._has_handlers() or bool(self._domains)
+
+    async def _start_more(self) -> None:
+        await super()._start_more()
+        for c in self._domains.values():
+            await self._attach_domain(c)  # AttentionNotFound now rather than later
+        for c in self._domains.values():
+            handoff: asyncio.Queue[Slice] = asyncio.Queue()
+            self._spawn(self._dispatch(c, handoff), f"fairq-dispatch:{c.name}")
+            for i in range(c.concurrency):
+                self._spawn(self._run_slices(c, handoff), f"fairq-slices:{c.name}:{i}")
+            self._spawn(self._reconcile(c), f"fairq-reconcile:{c.name}")
+
+    def _lease_lengths(self) -> list[float]:
+        domains = self._domains.values()
+        return [
+            *super()._lease_lengths(),
+            *(c.lease for c in domains),
+            *(c.slice_lease for c in domains),
+        ]
+
+    async def _keep_more(self, now: float) -> None:
+        """Renew the concurrency tokens of running slices before they run out."""
+        await super()._keep_more(now)
+        loop = asyncio.get_running_loop()
+        for sr in list(self._slices.values()):
+            if sr.lease_until - now < sr.consumer.slice_lease / 2:
+                assert sr.consumer.attention is not None
+                try:
+                    kept = await sr.consumer.attention._extend(sr.slice)
+                except Exception:
+                    log.warning("could not extend a slice token", exc_info=True)
+                    continue
+                if not kept:
+                    log.warning("slice of %s/%s lost its token", sr.slice.domain, sr.slice.key)
+                sr.lease_until = loop.time() + sr.consumer.slice_lease
+
+    # -- slices ----------------------------------------------------------------------------
+    async def _attach_domain(self, c: _Consumer) -> None:
+        assert self._broker is not None
+        c.attention = self._broker.attention(c.name)
+        config = await c.attention.config()  # AttentionNotFound now rather than later
+        c.slice_lease = config.slice_lease
+        queue_vt = config.queue_options.get("visibility_timeout", 30.0)
+        c.lease = c.visibility_timeout or float(queue_vt)
+
+    async def _dispatch(self, c: _Consumer, handoff: asyncio.Queue[Slice]) -> None:
+        """Take the domain's signals for idle slice runners — one taker per domain, so a
+        signal coming due wakes one call, not every runner."""
+        assert c.attention is not None and self._stopping is not None
+        while not self._stopping.is_set():
+            if await self._take_slots(c, most=1) == 0:  # a runner is free
+                return
+            try:
+                s = await c.attention._take(self.poll_wait)
+            except BaseException:
+                await self._give_slots(c, 1)
+                raise
+            if s is None:
+                await self._give_slots(c, 1)
+            else:
+                handoff.put_nowait(s)  # the runner gives the slot back when the slice ends
+
+    async def _run_slices(self, c: _Consumer, handoff: asyncio.Queue[Slice]) -> None:
+        """One of ``c.concurrency`` runners: run the slices the dispatcher hands over."""
+        me = asyncio.current_task()
+        assert me is not None
+        while True:
+            s = await handoff.get()
+            self._busy_runners.add(me)
+            try:
+                await self._run_slice(c, s)
+            finally:
+                self._busy_runners.discard(me)
+                await self._give_slots(c, 1)
+
+    async def _run_slice(self, c: _Consumer, s: Slice) -> None:
+        """Handle up to the plan's ``max_messages`` messages of the key within ``max_time``,
+        one after another (so ``max_concurrency=1`` keeps the key's order), acking each
+        batch; then end the slice, which re-signals the key if it has backlog left."""
+        assert c.attention is not None and self._stopping is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + s.plan.max_time
+        handled = 0
+        retry_at: float | None = None
+        self._slices[s.token] = _SliceRun(c, s, loop.time() + c.slice_lease)
+        try:
+            while handled < s.plan.max_messages and not self._stopping.is_set():
+                if loop.time() >= deadline:
+                    break
+                want = min(s.plan.max_messages - handled, _SLICE_BATCH)
+                try:
+                    msgs, retry_at = await c.attention._receive(s, want, c.visibility_timeout)
+                except LeaseLost:
+                    log.warning("slice of %s/%s lost its token; ending it", s.domain, s.key)
+                    break
+                if not msgs:
+                    break
+                self.stats.received += len(msgs)
+                until = loop.time() + c.lease
+                for m in msgs:
+                    self._running[m.receipt] = _Running(c, m, until)
+                done: list[Received] = []
+                try:
+                    for i, m in enumerate(msgs):
+                        if loop.time() >= deadline or self._stopping.is_set():
+                            await self._give_back(msgs[i:])
+                            break
+                        if await self._invoke(c, m):
+                            done.append(m)
+                        handled += 1
+                finally:
+                    await self._ack_all(done)
+                    for m in msgs:
+                        self._running.pop(m.receipt, None)
+        finally:
+            self._slices.pop(s.token, None)
+            try:
+                await asyncio.shield(c.attention._end(s, handled, retry_at))
+            except Exception as exc:  # the token's lease frees it anyway
+                log.warning("could not end the slice of %s/%s: %s", s.domain, s.key, exc)
+
+    async def _ack_all(self, done: list[Received]) -> None:
+        if not done:
+            return
+        q = done[0]._handle()
+        try:
+            await q.ack_batch([m.receipt for m in done])
+        except LeaseLost as exc:
+            self.stats.lease_lost += len(exc.lost)
+            log.warning("%d lease(s) on %s were lost before the ack", len(exc.lost), q.name)
+
+    async def _reconcile(self, c: _Consumer) -> None:
+        """Signal the domain's keys that have work but no signal (lost ones), now and then."""
+        assert c.attention is not None
+        while True:
+            await asyncio.sleep(c.reconcile_interval)
+            try:
+                n = await c.attention.reconcile()
+            except FairqError as exc:
+                log.warning("reconciling %s failed: %s", c.name, exc)
+                continue
+            if n:
+                log.info(
+                    "reconciler of %s signalled %d key(s) that had lost their signal", c.name, n
+                )
