@@ -39,7 +39,7 @@ from ...pubsub import PublishResult, Subscription, TopicConfig, TopicStats
 from ...queue import Envelope, QueueConfig, QueueStats
 from ...waitingroom import Place, RoomRecord, RoomStats, TickResult
 from ..base import Backend
-from . import attention, idempotency, topics, waitingroom
+from . import attention, idempotency, messages, topics, waitingroom
 from . import queues as store
 from .txn import Store, Txn, apply_schema
 
@@ -287,7 +287,7 @@ class SQLiteBackend(Backend):
         single = len(units) == 1 and len(units[0]) == 1
         try:
             t = Txn(self._store, conn, self.clock.now())
-            store.sweep(t)
+            messages.sweep(t)
             t.op_done()
             if t.now - self._last_dedup_cleanup > _DEDUP_CLEANUP_EVERY:
                 self._last_dedup_cleanup = t.now
@@ -624,7 +624,9 @@ class SQLiteBackend(Backend):
         if self._conn is None:
             return None
         try:
-            found = [x for x in (store.next_due(self._conn), attention.next_due(self._conn)) if x]
+            found = [
+                x for x in (messages.next_due(self._conn), attention.next_due(self._conn)) if x
+            ]
             return min(found) if found else None
         except sqlite3.Error as exc:
             raise BackendError(f"sqlite: {exc}") from exc

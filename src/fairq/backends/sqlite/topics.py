@@ -14,7 +14,7 @@ from ...errors import ConfigConflict
 from ...pubsub import PublishResult, Subscription, TopicConfig, TopicStats
 from ...queue import Envelope, QueueConfig
 from ..base import plan_dedup, publish_plan, publish_results
-from . import queues
+from . import messages, queues
 from .txn import Txn
 
 
@@ -122,7 +122,7 @@ def publish(t: Txn, topic_name: str, envs: list[Envelope]) -> list[PublishResult
     plan = plan_dedup(envs, sent_before)
     copy_plan = publish_plan(topic.index(), topic.subs, plan.fresh)
     matched = copy_plan.matched
-    queues.store_copies(t, copy_plan)  # QueueFull here rolls the whole publish back
+    messages.store_copies(t, copy_plan)  # QueueFull here rolls the whole publish back
     made = list(t.allocate(len(plan.fresh))) if plan.fresh else []
     if plan.first and topic.config.dedup_window > 0:
         expires = now + topic.config.dedup_window

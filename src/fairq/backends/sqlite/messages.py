@@ -1,0 +1,414 @@
+"""The SQLite backend's message rows: inserting, moving, deleting and sweeping them —
+the steps the operations of every capability are built from (queues.py, topics.py,
+attention.py). Everything runs inside one :class:`~fairq.backends.sqlite.txn.Txn`; the
+schema, and what the message states mean, are in ``schema.sql``.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+from collections import Counter
+from collections.abc import Sequence
+
+import orjson
+
+from ...errors import QueueFull
+from ...message import Received, format_id, id_time, parse_receipt
+from ...queue import QueueConfig
+from ..base import (
+    CopyPlan,
+    dead_letter_attributes,
+)
+from .txn import QueueRow, Row, Txn, chunks, marks
+
+READY, WAITING, BLOCKED = 0, 1, 2
+# a published copy keeps its body in fairq_bodies (shared by its topic's copies): body_ref
+COLS = (
+    "id, queue_id, state, priority, avail_at, attempt, lease, grp, body_ref, "
+    "coalesce(body, (SELECT body FROM fairq_bodies WHERE id = body_ref)), attrs"
+)
+ID, QID, STATE, PRIO, AVAIL, ATTEMPT, LEASE, GRP, BODY_REF, BODY, ATTRS = range(11)
+
+_INSERT = (
+    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, lease, grp, "
+    "body_ref, body, attrs) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
+)
+SELECT_READY = (
+    "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state = 0 "
+    "ORDER BY priority DESC, avail_at, id LIMIT ?"
+)
+_SWEEP_BATCH = 1000
+
+
+def _category(state: int, lease: int | None) -> str:
+    if state == WAITING:
+        return "delayed" if lease is None else "in_flight"
+    return "visible"
+
+
+def attrs_of(blob: bytes | None) -> dict[str, str]:
+    return orjson.loads(blob) if blob else {}
+
+
+def blob_of(attrs: dict[str, str]) -> bytes | None:
+    return orjson.dumps(attrs) if attrs else None
+
+
+# -- message moves -------------------------------------------------------------------------
+Item = tuple[bytes, bytes | None, float, int, str | None]  # body, attrs blob, delay, prio, group
+
+
+def insert(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
+    """Store new messages in ``q``; return their ids."""
+    ids, rows = rows_for(t, q, items)
+    if len(rows) == 1:
+        t.conn.execute(_INSERT, rows[0])
+    else:
+        t.conn.executemany(_INSERT, rows)
+    return ids
+
+
+def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], list[Row]]:
+    """The rows of new messages for ``q`` (FIFO heads and counters already updated); the
+    caller inserts them, so copies for many queues can go in one statement."""
+    now = t.now
+    qid = q.id
+    ids = t.allocate(len(items))
+    rows = []
+    visible = delayed = 0
+    if not q.config.fifo:
+        for mid, (body, attrs, delay, prio, grp) in zip(ids, items, strict=True):
+            if delay > 0:
+                rows.append((mid, qid, WAITING, prio, now + delay, 0, None, grp, None, body, attrs))
+                delayed += 1
+                t.waiting_until(now + delay)
+            else:
+                rows.append((mid, qid, READY, prio, now, 0, None, grp, None, body, attrs))
+                visible += 1
+    else:
+        conn = t.conn
+        headed: dict[str, bool] = {}
+        for mid, (body, attrs, delay, prio, grp) in zip(ids, items, strict=True):
+            grp = grp or "default"
+            has_head = headed.get(grp)
+            if has_head is None:
+                has_head = (
+                    conn.execute(
+                        "SELECT 1 FROM fairq_fifo_heads WHERE queue_id = ? AND grp = ?", (qid, grp)
+                    ).fetchone()
+                    is not None
+                )
+            if has_head:
+                rows.append((mid, qid, BLOCKED, prio, now + delay, 0, None, grp, None, body, attrs))
+                visible += 1
+            else:
+                conn.execute(
+                    "INSERT INTO fairq_fifo_heads (queue_id, grp, msg_id) VALUES (?, ?, ?)",
+                    (qid, grp, mid),
+                )
+                if delay > 0:
+                    rows.append(
+                        (mid, qid, WAITING, prio, now + delay, 0, None, grp, None, body, attrs)
+                    )
+                    delayed += 1
+                    t.waiting_until(now + delay)
+                else:
+                    rows.append((mid, qid, READY, prio, now, 0, None, grp, None, body, attrs))
+                    visible += 1
+            headed[grp] = True
+    t.add(qid, "visible", visible)
+    t.add(qid, "delayed", delayed)
+    t.add(qid, "sent", len(rows))
+    t.op_notify.add(q.name)
+    return list(ids), rows
+
+
+def advance_group(t: Txn, q: QueueRow, grp: str) -> None:
+    """The head of FIFO group ``grp`` is gone: the next blocked message becomes the head."""
+    conn = t.conn
+    nxt = conn.execute(
+        "SELECT id, avail_at FROM fairq_messages WHERE queue_id = ? AND grp = ? AND state = 2 "
+        "ORDER BY id LIMIT 1",
+        (q.id, grp),
+    ).fetchone()
+    if nxt is None:
+        conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ? AND grp = ?", (q.id, grp))
+        return
+    conn.execute(
+        "UPDATE fairq_fifo_heads SET msg_id = ? WHERE queue_id = ? AND grp = ?", (nxt[0], q.id, grp)
+    )
+    if nxt[1] > t.now:
+        conn.execute("UPDATE fairq_messages SET state = 1 WHERE id = ?", (nxt[0],))
+        t.waiting_until(nxt[1])
+        t.add(q.id, "visible", -1)
+        t.add(q.id, "delayed", 1)
+    else:
+        conn.execute("UPDATE fairq_messages SET state = 0 WHERE id = ?", (nxt[0],))
+
+
+def unref_bodies(t: Txn, refs: Counter[int]) -> None:
+    """Messages sharing a published body are gone: drop the bodies nobody refers to."""
+    if not refs:
+        return
+    t.conn.executemany(
+        "UPDATE fairq_bodies SET refs = refs - ? WHERE id = ?",
+        [(n, ref) for ref, n in refs.items()],
+    )
+    for chunk in chunks(list(refs)):
+        t.conn.execute(
+            f"DELETE FROM fairq_bodies WHERE id IN ({marks(len(chunk))}) AND refs <= 0", chunk
+        )
+
+
+def unref_queue(t: Txn, q: QueueRow) -> None:
+    """Before a queue's messages are deleted wholesale: release their shared bodies."""
+    refs = Counter(
+        {
+            ref: n
+            for ref, n in t.conn.execute(
+                "SELECT body_ref, COUNT(*) FROM fairq_messages "
+                "WHERE queue_id = ? AND body_ref IS NOT NULL GROUP BY body_ref",
+                (q.id,),
+            )
+        }
+    )
+    unref_bodies(t, refs)
+
+
+def delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
+    """Delete messages of ``q`` (any state), keeping counts, FIFO heads and shared bodies
+    right."""
+    for chunk in chunks([r[ID] for r in rows]):
+        t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk)
+    unref_bodies(t, Counter(r[BODY_REF] for r in rows if r[BODY_REF] is not None))
+    counts = {"visible": 0, "delayed": 0, "in_flight": 0}
+    for r in rows:
+        counts[_category(r[STATE], r[LEASE])] -= 1
+    for column, n in counts.items():
+        t.add(q.id, column, n)
+    if q.config.fifo:
+        for r in rows:
+            if r[STATE] != BLOCKED and r[GRP] is not None:
+                advance_group(t, q, r[GRP])
+    t.op_notify.add(q.name)
+
+
+def dead_letter_rows(
+    t: Txn, q: QueueRow, rows: Sequence[Row], reason: str, detail: str | None = None
+) -> None:
+    """Move messages to ``q``'s dead-letter queue (or discard them), with their reason."""
+    if not rows:
+        return
+    delete(t, q, rows)
+    n = len(rows)
+    if reason == "expired":
+        t.add(q.id, "expired", n)
+    target = q.config.dead_letter
+    if target is None:
+        t.add(q.id, "discarded", n)
+        return
+    t.add(q.id, "dead_lettered", n)
+    dlq = t.find(target) or t.create(target, QueueConfig.for_dead_letters())
+    top = dlq.config.max_priority
+    items = []
+    for r in rows:
+        attrs = dead_letter_attributes(
+            attrs_of(r[ATTRS]), reason, q.name, format_id(r[ID]), r[ATTEMPT], detail
+        )
+        items.append((r[BODY], blob_of(attrs), 0.0, min(r[PRIO], top), r[GRP]))
+    insert(t, dlq, items)
+
+
+def expire_old(t: Txn, q: QueueRow) -> None:
+    """Dead-letter (reason ``expired``) messages of ``q`` older than its retention that are
+    not in flight; in-flight ones are checked when their lease ends."""
+    cutoff = int((t.now - q.config.retention) * 1000) << 16
+    while True:
+        rows = t.conn.execute(
+            "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND id < ? "
+            "AND NOT (state = 1 AND lease IS NOT NULL) LIMIT ?",
+            (q.id, cutoff, _SWEEP_BATCH),
+        ).fetchall()
+        if not rows:
+            return
+        dead_letter_rows(t, q, rows, "expired")
+
+
+def sweep(t: Txn) -> None:
+    """Bring due delays and ended leases to their next state: visible again, or
+    dead-lettered after the last attempt or past retention. Runs at the start of every
+    transaction, so it costs one index probe when nothing is due."""
+    conn = t.conn
+    now = t.now
+    if now < t.store.due:
+        return
+    while True:
+        rows = conn.execute(
+            "SELECT " + COLS + " FROM fairq_messages WHERE state = 1 AND avail_at <= ? "
+            "ORDER BY avail_at LIMIT ?",
+            (now, _SWEEP_BATCH),
+        ).fetchall()
+        if not rows:
+            break
+        back: list[int] = []
+        for r in rows:
+            q = t.queue_by_id(r[QID])
+            if q is None:  # queue deleted by an older fairq without its messages
+                conn.execute("DELETE FROM fairq_messages WHERE id = ?", (r[ID],))
+                continue
+            cfg = q.config
+            leased = r[LEASE] is not None
+            if leased and cfg.max_attempts is not None and r[ATTEMPT] >= cfg.max_attempts:
+                dead_letter_rows(t, q, [r], "max_attempts")
+            elif id_time(r[ID]) < now - cfg.retention:
+                dead_letter_rows(t, q, [r], "expired")
+            else:
+                back.append(r[ID])
+                t.add(q.id, "in_flight" if leased else "delayed", -1)
+                t.add(q.id, "visible", 1)
+                t.op_notify.add(q.name)
+        for chunk in chunks(back):
+            conn.execute(
+                "UPDATE fairq_messages SET state = 0, lease = NULL "
+                f"WHERE id IN ({marks(len(chunk))})",
+                chunk,
+            )
+        if len(rows) < _SWEEP_BATCH:
+            break
+    due = next_due(conn)
+    t.store.due = math.inf if due is None else due
+
+
+_LEASE_COLS = "id, queue_id, state, priority, avail_at, attempt, lease, grp, body_ref"
+
+
+def current_leases(
+    t: Txn, q: QueueRow, receipts: Sequence[str], full: bool = False
+) -> tuple[list[Row], list[str]]:
+    """The rows whose current lease is named by ``receipts``, and the receipts that are not.
+    Rows carry body and attributes only when ``full`` is asked for."""
+    parsed = [parse_receipt(r) for r in receipts]
+    cols = COLS if full else _LEASE_COLS
+    found: dict[int, Row] = {}
+    for chunk in chunks([p[0] for p in parsed]):
+        for row in t.conn.execute(
+            f"SELECT {cols} FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk
+        ):
+            found[row[ID]] = row
+    now = t.now
+    qid = q.id
+    rows: list[Row] = []
+    lost: list[str] = []
+    taken: set[int] = set()
+    for receipt, (mid, lease) in zip(receipts, parsed, strict=True):
+        row = found.get(mid)
+        if row is None or row[LEASE] != lease or row[QID] != qid or row[AVAIL] <= now:
+            lost.append(receipt)
+        elif mid not in taken:
+            taken.add(mid)
+            rows.append(row)
+    return rows, lost
+
+
+def received(r: Row, queue: str, receipt: str, attempt: int) -> Received:
+    return Received(
+        format_id(r[ID]),
+        r[BODY],
+        attrs_of(r[ATTRS]),
+        attempt,
+        id_time(r[ID]),
+        r[PRIO],
+        r[GRP],
+        receipt,
+        queue,
+    )
+
+
+def make_room(t: Txn, q: QueueRow, n: int) -> None:
+    """Make sure ``n`` new messages fit in bounded queue ``q``: drop the oldest visible ones
+    (``drop_oldest``) or raise ``QueueFull`` carrying the overflow mode."""
+    cfg = q.config
+    if not n or cfg.max_length is None:
+        return
+    if n > cfg.max_length:
+        raise QueueFull(q.name, cfg.max_length, "the batch is larger than max_length")
+    t.flush()
+    (depth,) = t.conn.execute(
+        "SELECT visible + delayed + in_flight FROM fairq_queues WHERE id = ?", (q.id,)
+    ).fetchone()
+    need = depth + n - cfg.max_length
+    if need <= 0:
+        return
+    if cfg.overflow != "drop_oldest":
+        raise QueueFull(q.name, cfg.max_length, "", cfg.overflow)
+    victims = t.conn.execute(
+        "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state != 1 "
+        "ORDER BY id LIMIT ?",
+        (q.id, need),
+    ).fetchall()
+    if len(victims) < need:
+        raise QueueFull(q.name, cfg.max_length, "no visible message can be dropped", "drop_oldest")
+    dead_letter_rows(t, q, victims, "overflow")
+
+
+def store_copies(t: Txn, plan: CopyPlan) -> None:
+    """Store published copies in their subscription queues — room is made in every queue
+    first (or ``QueueFull`` raised, changing nothing), then one insert for all."""
+    targets = [(t.queue(name), indices) for name, indices in plan.per_queue.items()]
+    for q, indices in targets:
+        make_room(t, q, len(indices))
+    copies = plan.copies
+    encoded: dict[int, bytes | None] = {}  # copies may share one attributes dict
+    blobs = []
+    for c in copies:
+        blob = encoded.get(id(c.attributes), b"")
+        if blob == b"":
+            blob = encoded[id(c.attributes)] = blob_of(c.attributes)
+        blobs.append(blob)
+    # a body copied into several queues is stored once, with a count of its references
+    shares = Counter(i for _, indices in targets for i in indices)
+    refs: dict[int, int] = {}
+    shared = [i for i, n in shares.items() if n > 1]
+    if shared:
+        ref_ids = t.allocate(len(shared))
+        t.conn.executemany(
+            "INSERT INTO fairq_bodies (id, body, refs) VALUES (?, ?, ?)",
+            [(ref, copies[i].body, shares[i]) for ref, i in zip(ref_ids, shared, strict=True)],
+        )
+        refs = dict(zip(shared, ref_ids, strict=True))
+    rows: list[Row] = []
+    now = t.now
+    ids = iter(t.allocate(sum(len(indices) for _, indices in targets)))
+    for q, indices in targets:
+        if q.config.fifo:
+            items = [(copies[i].body, blobs[i], copies[i].delay, 0, None) for i in indices]
+            fifo_rows = rows_for(t, q, items)[1]
+            for row, i in zip(fifo_rows, indices, strict=True):
+                ref = refs.get(i)  # FIFO rows are built by _rows: point them at the shared body
+                rows.append(row if ref is None else (*row[:8], ref, None, row[10]))
+            continue
+        qid = q.id
+        delayed = 0
+        for i in indices:
+            c = copies[i]
+            ref = refs.get(i)
+            body = c.body if ref is None else None
+            if c.delay > 0:
+                rows.append(
+                    (next(ids), qid, WAITING, 0, now + c.delay, 0, None, None, ref, body, blobs[i])
+                )
+                t.waiting_until(now + c.delay)
+                delayed += 1
+            else:
+                rows.append((next(ids), qid, READY, 0, now, 0, None, None, ref, body, blobs[i]))
+        t.add(qid, "visible", len(indices) - delayed)
+        t.add(qid, "delayed", delayed)
+        t.add(qid, "sent", len(indices))
+        t.op_notify.add(q.name)
+    t.conn.executemany(_INSERT, rows)
+
+
+def next_due(conn: sqlite3.Connection) -> float | None:
+    row = conn.execute("SELECT MIN(avail_at) FROM fairq_messages WHERE state = 1").fetchone()
+    return None if row is None or row[0] is None else float(row[0])
