@@ -22,8 +22,8 @@ from ...errors import (
 )
 from ...message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
 from ...queue import Envelope, QueueConfig, QueueStats
-from ..base import (
-    Backend,
+from ..base import Backend
+from ..rules import (
     DedupPlan,
     check_priorities,
     dead_letter_attributes,

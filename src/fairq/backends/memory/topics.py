@@ -8,7 +8,7 @@ from ...clock import Clock
 from ...errors import ConfigConflict, TopicNotFound
 from ...pubsub import PublishResult, Subscription, SubscriptionIndex, TopicConfig, TopicStats
 from ...queue import Envelope, QueueConfig
-from ..base import plan_dedup, publish_plan, publish_results
+from ..rules import plan_dedup, publish_plan, publish_results
 from .queues import MemoryQueues
 
 

@@ -16,7 +16,7 @@ import orjson
 from ...errors import QueueFull
 from ...message import Received, format_id, id_time, parse_receipt
 from ...queue import QueueConfig
-from ..base import (
+from ..rules import (
     CopyPlan,
     dead_letter_attributes,
 )

@@ -14,7 +14,7 @@ import orjson
 from ...errors import LeaseLost
 from ...message import Received, id_time
 from ...queue import Envelope, QueueConfig, QueueStats
-from ..base import (
+from ..rules import (
     check_priorities,
     plan_dedup,
     redrive_attributes,

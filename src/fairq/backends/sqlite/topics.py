@@ -13,7 +13,7 @@ import orjson
 from ...errors import ConfigConflict
 from ...pubsub import PublishResult, Subscription, TopicConfig, TopicStats
 from ...queue import Envelope, QueueConfig
-from ..base import plan_dedup, publish_plan, publish_results
+from ..rules import plan_dedup, publish_plan, publish_results
 from . import messages, queues
 from .txn import Txn
 
