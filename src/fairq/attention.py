@@ -19,13 +19,13 @@ queues" (MarketHub, 50,000 stores).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from .errors import InvalidOption
 from .message import Outgoing, Received, check_key, check_name
-from .queue import Queue, make_envelope, wait_for_room
+from .queue import Queue, make_envelopes, wait_for_room
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -291,16 +291,11 @@ class Attention:
         return mid
 
     async def publish_batch(
-        self, key: str, messages: list[Outgoing], timeout: float | None = None
+        self, key: str, messages: Iterable[Outgoing], timeout: float | None = None
     ) -> list[str]:
         """Publish many work messages for one key in one atomic step."""
         check_key(key)
-        envs = [
-            make_envelope(
-                m.body, m.attributes, m.delay, m.priority, m.group, m.dedup_id, self._max_bytes
-            )
-            for m in messages
-        ]
+        envs = make_envelopes(messages, self._max_bytes, "publish_batch")
         if not envs:
             return []
         backend = self._backend

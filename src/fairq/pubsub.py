@@ -20,11 +20,11 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidMessage, InvalidOption
+from .errors import InvalidOption
 from .filters import Filter, compile_filter
 from .message import Outgoing, Received, check_name
-from .queue import Envelope, Queue, make_envelope, wait_for_room
-from .routing import RoutingIndex, check_pattern, check_routing_key, topic_matches
+from .queue import Envelope, Queue, make_envelopes, wait_for_room
+from .routing import RoutingIndex, check_pattern, topic_matches
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -329,32 +329,7 @@ class Topic:
     ) -> list[PublishResult]:
         """Publish many messages in one atomic step (each ``Outgoing`` may carry its own
         ``routing_key``); return one result per message."""
-        envs = []
-        limit = self._max_bytes
-        for m in messages:
-            if (
-                type(m) is Outgoing
-                and type(m.body) is bytes
-                and (  # the plain case, fast
-                    m.attributes is None
-                    and not m.delay
-                    and not m.priority
-                    and m.group is None
-                    and m.dedup_id is None
-                    and len(m.body) <= limit
-                )
-            ):
-                envs.append(Envelope(m.body, {}, routing_key=check_routing_key(m.routing_key)))
-                continue
-            if not isinstance(m, Outgoing):
-                raise InvalidMessage(
-                    f"publish_batch takes fairq.Outgoing items, got {type(m).__name__}"
-                )
-            if m.group is not None or m.priority:
-                raise InvalidMessage("publish does not take group or priority (queues do)")
-            env = make_envelope(m.body, m.attributes, m.delay, 0, None, m.dedup_id, self._max_bytes)
-            env.routing_key = check_routing_key(m.routing_key)
-            envs.append(env)
+        envs = make_envelopes(messages, self._max_bytes, "publish_batch", topic=True)
         if not envs:
             return []
         results = await wait_for_room(

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .errors import ConfigConflict, InvalidMessage, InvalidOption, QueueFull
 from .message import Outgoing, Received, check_name, encode_attributes, encode_body
+from .routing import check_routing_key
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -240,6 +241,41 @@ def make_envelope(
     )
 
 
+def make_envelopes(
+    messages: Iterable[Outgoing], max_bytes: int, op: str, topic: bool = False
+) -> list[Envelope]:
+    """Encode and check a batch of ``Outgoing`` for ``op`` (``send_batch``, ...); raise
+    before anything is stored. A bytes body with no options takes a fast path. For a topic
+    (``topic=True``) the routing key is checked and kept; group and priority are refused."""
+    envs = []
+    for m in messages:
+        if (
+            type(m) is Outgoing
+            and type(m.body) is bytes
+            and (  # the plain case, fast
+                m.attributes is None
+                and not m.delay
+                and not m.priority
+                and m.group is None
+                and m.dedup_id is None
+                and len(m.body) <= max_bytes
+            )
+        ):
+            env = Envelope(m.body, {})
+        else:
+            if not isinstance(m, Outgoing):
+                raise InvalidMessage(f"{op} takes fairq.Outgoing items, got {type(m).__name__}")
+            if topic and (m.group is not None or m.priority):
+                raise InvalidMessage("publish does not take group or priority (queues do)")
+            env = make_envelope(
+                m.body, m.attributes, m.delay, m.priority, m.group, m.dedup_id, max_bytes
+            )
+        if topic:
+            env.routing_key = check_routing_key(m.routing_key)
+        envs.append(env)
+    return envs
+
+
 class Queue:
     """A handle to one queue. Cheap to create; ``broker.queue(name)`` makes one.
 
@@ -283,30 +319,7 @@ class Queue:
         self, messages: Iterable[Outgoing], timeout: float | None = None
     ) -> list[str]:
         """Store all messages or none (one atomic step); return their ids in order."""
-        envs = []
-        limit = self._max_bytes
-        for m in messages:
-            if (
-                type(m) is Outgoing
-                and type(m.body) is bytes
-                and (  # the plain case, fast
-                    m.attributes is None
-                    and not m.delay
-                    and not m.priority
-                    and m.group is None
-                    and m.dedup_id is None
-                    and len(m.body) <= limit
-                )
-            ):
-                envs.append(Envelope(m.body, {}))
-                continue
-            if not isinstance(m, Outgoing):
-                raise InvalidMessage(
-                    f"send_batch takes fairq.Outgoing items, got {type(m).__name__}"
-                )
-            envs.append(
-                make_envelope(m.body, m.attributes, m.delay, m.priority, m.group, m.dedup_id, limit)
-            )
+        envs = make_envelopes(messages, self._max_bytes, "send_batch")
         if not envs:
             return []
         return await self._send(envs, timeout)
