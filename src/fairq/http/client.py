@@ -111,6 +111,14 @@ class Client:
             raise exception_from(response.status_code, data["error"], data.get("detail", ""))
         raise RemoteError(response.status_code, "http_error", response.text[:200])
 
+    async def _delete(self, path: str, missing: type[Exception]) -> bool:
+        """DELETE ``path``; False when the server says ``missing`` (there was nothing)."""
+        try:
+            await self.request("DELETE", path)
+        except missing:
+            return False
+        return True
+
     # -- queues ----------------------------------------------------------------------------
     async def declare_queue(self, name: str, **options: Any) -> RemoteQueue:
         """Create a queue or update its options (``declare_queue``'s keywords)."""
@@ -125,11 +133,7 @@ class Client:
         """Delete a queue and its messages; False if there was none."""
         from ..errors import QueueNotFound
 
-        try:
-            await self.request("DELETE", f"/v1/queues/{name}")
-        except QueueNotFound:
-            return False
-        return True
+        return await self._delete(f"/v1/queues/{name}", QueueNotFound)
 
     async def list_queues(self, prefix: str = "") -> list[str]:
         """Names of the queues that start with ``prefix``, sorted."""
@@ -159,11 +163,7 @@ class Client:
         """Delete a topic, its subscriptions and their queues; False if there was none."""
         from ..errors import TopicNotFound
 
-        try:
-            await self.request("DELETE", f"/v1/topics/{name}")
-        except TopicNotFound:
-            return False
-        return True
+        return await self._delete(f"/v1/topics/{name}", TopicNotFound)
 
     async def list_topics(self, prefix: str = "") -> list[str]:
         """Names of the topics that start with ``prefix``, sorted."""
@@ -207,11 +207,7 @@ class Client:
         """Delete an attention domain's keys and signals; False if there was none."""
         from ..errors import AttentionNotFound
 
-        try:
-            await self.request("DELETE", f"/v1/attention/{domain}")
-        except AttentionNotFound:
-            return False
-        return True
+        return await self._delete(f"/v1/attention/{domain}", AttentionNotFound)
 
     # -- the server ------------------------------------------------------------------------
     async def overview(self) -> dict[str, Any]:

@@ -107,8 +107,8 @@ class RemoteReceived(Received):
         await self._remote._post("dead-letter", {"receipt": self.receipt, "reason": reason})
 
 
-class RemoteQueue:
-    """A queue on a server; the methods of :class:`fairq.Queue`."""
+class _RemoteHandle:
+    """What the server-side handles share: the client and the name."""
 
     __slots__ = ("_client", "name")
 
@@ -117,7 +117,13 @@ class RemoteQueue:
         self.name = name
 
     def __repr__(self) -> str:
-        return f"RemoteQueue({self.name!r})"
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class RemoteQueue(_RemoteHandle):
+    """A queue on a server; the methods of :class:`fairq.Queue`."""
+
+    __slots__ = ()
 
     async def _post(self, op: str, body: Any, wait: float = 0.0) -> Any:
         return await self._client.request("POST", f"/v1/queues/{self.name}/{op}", body, wait=wait)
@@ -197,17 +203,10 @@ class RemoteQueue:
         return [RemoteReceived(self, m) for m in data["messages"]]
 
 
-class RemoteTopic:
+class RemoteTopic(_RemoteHandle):
     """A topic on a server; the methods of :class:`fairq.Topic`."""
 
-    __slots__ = ("_client", "name")
-
-    def __init__(self, client: Client, name: str) -> None:
-        self._client = client
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"RemoteTopic({self.name!r})"
+    __slots__ = ()
 
     async def subscribe(
         self,
@@ -354,17 +353,10 @@ class RemoteListener:
         await self.close()
 
 
-class RemoteAttention:
+class RemoteAttention(_RemoteHandle):
     """An attention domain on a server; the methods of :class:`fairq.Attention`."""
 
-    __slots__ = ("_client", "name")
-
-    def __init__(self, client: Client, name: str) -> None:
-        self._client = client
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"RemoteAttention({self.name!r})"
+    __slots__ = ()
 
     @property
     def queue_name(self) -> str:
