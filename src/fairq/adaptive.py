@@ -22,20 +22,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from .errors import InvalidOption
+from .message import check_number
 
 __all__ = ["AdaptiveRate", "Health", "HealthMeter", "HealthSignal"]
-
-
-def _number(name: str, value: object, *, minimum: float = 0.0, strict: bool = True) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or (value <= minimum if strict else value < minimum)
-    ):
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise InvalidOption(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +45,7 @@ class HealthMeter:
     """
 
     def __init__(self, window: float = 10.0, clock: Callable[[], float] | None = None) -> None:
-        self.window = _number("window", window)
+        self.window = check_number("window", window, strict=True)
         self._now = clock or time.monotonic
         self._samples: list[tuple[float, float, bool]] = []
 
@@ -112,20 +101,24 @@ class AdaptiveRate:
         if max_p99 is None and max_error_rate is None:
             raise InvalidOption("AdaptiveRate needs max_p99, max_error_rate or both")
         self.signal = signal
-        self.max_p99 = None if max_p99 is None else _number("max_p99", max_p99)
+        self.max_p99 = None if max_p99 is None else check_number("max_p99", max_p99, strict=True)
         self.max_error_rate = (
-            None if max_error_rate is None else _number("max_error_rate", max_error_rate)
+            None
+            if max_error_rate is None
+            else check_number("max_error_rate", max_error_rate, strict=True)
         )
-        self.min_rate = _number("min_rate", min_rate, strict=False)
-        self.max_rate = None if max_rate is None else _number("max_rate", max_rate)
+        self.min_rate = check_number("min_rate", min_rate)
+        self.max_rate = (
+            None if max_rate is None else check_number("max_rate", max_rate, strict=True)
+        )
         if not 0 < decrease < 1:
             raise InvalidOption(f"decrease must be between 0 and 1, got {decrease!r}")
         self.decrease = decrease
-        self.step = None if step is None else _number("step", step)
+        self.step = None if step is None else check_number("step", step, strict=True)
         if not 0 < recover <= 1:
             raise InvalidOption(f"recover must be in (0, 1], got {recover!r}")
         self.recover = recover
-        self.interval = _number("interval", interval)
+        self.interval = check_number("interval", interval, strict=True)
 
     def judge(self, health: Health) -> Literal["degraded", "healthy", "hold"]:
         """What a reading says: degraded, healthy, or in between (hold)."""

@@ -11,6 +11,7 @@ and the checks and encodings every backend shares.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +47,16 @@ JSON_CONTENT_TYPE = "application/json"
 _NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")
 _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 _ID_SHIFT = 16
+
+
+def check_number(name: str, value: object, *, minimum: float = 0.0, strict: bool = False) -> float:
+    """``value`` as a float if it is a finite number >= ``minimum`` (> with ``strict``);
+    else ``InvalidOption`` naming the option ``name``."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise InvalidOption(f"{name} must be a finite number, got {value!r}")
+    if value < minimum or (strict and value == minimum):
+        raise InvalidOption(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {value!r}")
+    return float(value)
 
 
 def check_name(name: object, what: str = "queue") -> str:

@@ -9,13 +9,19 @@ for the backend's wake-up signal, never a fixed sleep.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from .errors import ConfigConflict, InvalidMessage, InvalidOption, QueueFull
-from .message import Outgoing, Received, check_name, encode_attributes, encode_body
+from .message import (
+    Outgoing,
+    Received,
+    check_name,
+    check_number,
+    encode_attributes,
+    encode_body,
+)
 from .routing import check_routing_key
 
 if TYPE_CHECKING:
@@ -29,14 +35,6 @@ _OVERFLOWS = ("reject", "drop_oldest", "block")
 MAX_PRIORITY_LIMIT = 255
 MAX_RETENTION = 1e10  # seconds (317 years): keeps every deadline inside a 64-bit id
 MAX_GROUP = 128
-
-
-def _number(name: str, value: object, *, minimum: float = 0.0, strict: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise InvalidOption(f"{name} must be a finite number, got {value!r}")
-    if value < minimum or (strict and value == minimum):
-        raise InvalidOption(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {value!r}")
-    return float(value)
 
 
 def _count(name: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
@@ -65,14 +63,14 @@ class QueueConfig:
 
     def validated(self, name: str) -> QueueConfig:
         """Check every option; raise ``InvalidOption``/``ConfigConflict`` naming the bad one."""
-        _number("visibility_timeout", self.visibility_timeout, strict=True)
+        check_number("visibility_timeout", self.visibility_timeout, strict=True)
         if self.max_attempts is not None:
             _count("max_attempts", self.max_attempts, minimum=1)
         if self.dead_letter is not None:
             check_name(self.dead_letter, "dead-letter queue")
             if self.dead_letter == name:
                 raise ConfigConflict(f"queue {name!r} cannot be its own dead-letter queue")
-        if _number("retention", self.retention, strict=True) > MAX_RETENTION:
+        if check_number("retention", self.retention, strict=True) > MAX_RETENTION:
             raise InvalidOption(
                 f"retention must be at most {MAX_RETENTION:g} s, got {self.retention!r}"
             )
@@ -89,9 +87,9 @@ class QueueConfig:
             raise ConfigConflict(
                 "a fifo queue has no priorities: use max_priority=0 with fifo=True"
             )
-        _number("dedup_window", self.dedup_window)
+        check_number("dedup_window", self.dedup_window)
         if self.freshness_slo is not None:
-            _number("freshness_slo", self.freshness_slo, strict=True)
+            check_number("freshness_slo", self.freshness_slo, strict=True)
         return replace(
             self,
             visibility_timeout=float(self.visibility_timeout),
@@ -182,7 +180,7 @@ async def wait_for_room(
     full, so an ack between the attempt and the wait is never missed.
     """
     if timeout is not None:
-        timeout = _number("timeout", timeout)
+        timeout = check_number("timeout", timeout)
     wakeups = backend.wakeups
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
@@ -233,7 +231,7 @@ def make_envelope(
         raise MessageTooLarge(len(data), max_bytes)
     attrs = encode_attributes(attributes, is_json)
     if delay:
-        delay = _number("delay", delay)
+        delay = check_number("delay", delay)
     if priority:
         _count("priority", priority, minimum=0, maximum=MAX_PRIORITY_LIMIT)
     return Envelope(
@@ -326,7 +324,7 @@ class Queue:
 
     async def _send(self, envs: list[Envelope], timeout: float | None) -> list[str]:
         if timeout is not None:
-            _number("timeout", timeout)
+            check_number("timeout", timeout)
         try:  # the common case: no bounded queue in the way, no wake-up token needed
             return await self._backend.send(self.name, envs)
         except QueueFull as full:
@@ -351,9 +349,9 @@ class Queue:
         """
         _count("max_messages", max_messages, minimum=1, maximum=10_000)
         if visibility_timeout is not None:
-            visibility_timeout = _number("visibility_timeout", visibility_timeout, strict=True)
+            visibility_timeout = check_number("visibility_timeout", visibility_timeout, strict=True)
         if wait:
-            wait = _number("wait", wait)
+            wait = check_number("wait", wait)
         backend = self._backend
         if wait <= 0:
             return self._attach(await backend.receive(self.name, max_messages, visibility_timeout))
@@ -392,11 +390,11 @@ class Queue:
         await self.ack_batch([receipt])
 
     async def _nack(self, receipt: str, delay: float) -> None:
-        delay = _number("delay", delay)
+        delay = check_number("delay", delay)
         await self._backend.nack(self.name, receipt, delay)
 
     async def _extend_one(self, receipt: str, seconds: float) -> None:
-        seconds = _number("seconds", seconds, strict=True)
+        seconds = check_number("seconds", seconds, strict=True)
         lost = await self._backend.extend(self.name, [receipt], seconds)
         if lost:
             from .errors import LeaseLost
@@ -405,7 +403,7 @@ class Queue:
 
     async def extend_batch(self, receipts: Sequence[str], seconds: float) -> list[str]:
         """Extend many leases to ``seconds`` from now; return the receipts whose lease was gone."""
-        seconds = _number("seconds", seconds, strict=True)
+        seconds = check_number("seconds", seconds, strict=True)
         return await self._backend.extend(self.name, list(receipts), seconds)
 
     async def release_batch(self, receipts: Sequence[str]) -> list[str]:

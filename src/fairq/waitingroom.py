@@ -48,7 +48,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import secrets
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -56,7 +55,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from .adaptive import AdaptiveRate, Health, HealthMeter
 from .errors import BackendError, ConfigConflict, InvalidOption, InvalidToken
-from .message import check_key, check_name
+from .message import check_key, check_name, check_number
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -99,18 +98,6 @@ DEFAULT_TICK = 0.05  # seconds between admission steps of the admitter
 DEFAULT_LEASE = 3.0  # seconds the admitter lease lasts unless renewed
 
 
-def _number(name: str, value: object, *, minimum: float = 0.0, strict: bool = True) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not math.isfinite(value)
-        or (value <= minimum if strict else value < minimum)
-    ):
-        bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
-        raise InvalidOption(f"{name} must be a finite number {bound}, got {value!r}")
-    return float(value)
-
-
 @dataclass(frozen=True, slots=True)
 class RoomConfig:
     """The options of a waiting room (see ``Broker.waiting_room``).
@@ -138,9 +125,9 @@ class RoomConfig:
                 f"max_active must be an integer >= 1 or None, got {self.max_active!r}"
             )
         return RoomConfig(
-            _number("admit_rate", self.admit_rate, strict=False),
-            _number("token_ttl", self.token_ttl),
-            None if self.opens_at is None else _number("opens_at", self.opens_at),
+            check_number("admit_rate", self.admit_rate),
+            check_number("token_ttl", self.token_ttl, strict=True),
+            None if self.opens_at is None else check_number("opens_at", self.opens_at, strict=True),
             self.max_active,
         )
 
@@ -382,7 +369,7 @@ class WaitingRoom:
     async def set_rate(self, rate: float) -> None:
         """Change the admit rate (fans per second) live, for every process: the running
         admitter, wherever it is, admits at the new rate from its next step."""
-        await self.backend.room_set_rate(self.name, _number("rate", rate, strict=False))
+        await self.backend.room_set_rate(self.name, check_number("rate", rate))
 
     async def run_admitter(
         self,
@@ -404,8 +391,8 @@ class WaitingRoom:
         failing backend step is logged and retried; a deleted room ends the admitter
         (``RoomNotFound``).
         """
-        tick = _number("tick", tick)
-        lease = _number("lease", lease)
+        tick = check_number("tick", tick, strict=True)
+        lease = check_number("lease", lease, strict=True)
         if lease <= tick * 2:
             raise InvalidOption("lease must be more than twice tick")
         holder = holder or f"admitter-{secrets.token_hex(8)}"
