@@ -49,6 +49,13 @@ ApiKeyOption = Annotated[
     str | None,
     typer.Option("--api-key", envvar="FAIRQ_API_KEY", help="API key for --server."),
 ]
+BodyArgument = Annotated[
+    str | None, typer.Argument(help="Message body; '-' or omitted reads stdin.")
+]
+AttrOption = Annotated[
+    list[str], typer.Option("--attr", "-a", help="Attribute key=value (repeatable).")
+]
+DedupOption = Annotated[str | None, typer.Option("--dedup-id", help="Deduplication id.")]
 
 
 async def _open(url: str | None, server: str | None, api_key: str | None) -> Broker | Client:

@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 from .app import (
     ApiKeyOption,
+    AttrOption,
+    BodyArgument,
+    DedupOption,
     ServerOption,
     UrlOption,
     _age,
@@ -35,16 +38,12 @@ from .app import (
 @app.command()
 def send(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
-    body: Annotated[
-        str | None, typer.Argument(help="Message body; '-' or omitted reads stdin.")
-    ] = None,
-    attr: Annotated[
-        list[str], typer.Option("--attr", "-a", help="Attribute key=value (repeatable).")
-    ] = [],  # noqa: B006
+    body: BodyArgument = None,
+    attr: AttrOption = [],  # noqa: B006
     delay: Annotated[float, typer.Option(help="Seconds before it becomes visible.")] = 0.0,
     priority: Annotated[int, typer.Option(help="Priority (0..max_priority).")] = 0,
     group: Annotated[str | None, typer.Option(help="FIFO group.")] = None,
-    dedup_id: Annotated[str | None, typer.Option("--dedup-id", help="Deduplication id.")] = None,
+    dedup_id: DedupOption = None,
     count: Annotated[int, typer.Option(help="Send this many copies (in batches of 100).")] = 1,
     declare: Annotated[
         bool, typer.Option(help="Declare the queue first if it does not exist.")

@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 from .app import (
     ApiKeyOption,
+    AttrOption,
+    BodyArgument,
+    DedupOption,
     ServerOption,
     UrlOption,
     _age,
@@ -31,16 +34,12 @@ from .app import (
 @app.command()
 def publish(
     topic: Annotated[str, typer.Argument(help="Topic name.")],
-    body: Annotated[
-        str | None, typer.Argument(help="Message body; '-' or omitted reads stdin.")
-    ] = None,
-    attr: Annotated[
-        list[str], typer.Option("--attr", "-a", help="Attribute key=value (repeatable).")
-    ] = [],  # noqa: B006
+    body: BodyArgument = None,
+    attr: AttrOption = [],  # noqa: B006
     key: Annotated[
         str, typer.Option("--key", "-k", help="Routing key, e.g. order.confirmed.br.")
     ] = "",
-    dedup_id: Annotated[str | None, typer.Option("--dedup-id", help="Deduplication id.")] = None,
+    dedup_id: DedupOption = None,
     url: UrlOption = None,
     server: ServerOption = None,
     api_key: ApiKeyOption = None,
