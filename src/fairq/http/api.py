@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import msgspec
 import orjson
@@ -27,6 +27,8 @@ from ..pubsub import Topic
 from . import models as m
 from .auth import Scope
 from .errors import ApiError
+
+InfoT = TypeVar("InfoT")
 
 if TYPE_CHECKING:
     from .metrics import Metrics
@@ -241,15 +243,23 @@ async def topic_info(broker: Broker, name: str) -> m.TopicInfo:
     )
 
 
-async def list_topics(c: Call) -> m.TopicList:
-    q: m.PrefixQuery = c.query
+async def _infos(
+    broker: Broker, names: list[str], info: Callable[[Broker, str], Awaitable[InfoT]]
+) -> list[InfoT]:
+    """``info`` of each name, leaving out the ones deleted meanwhile."""
     infos = []
-    for name in await c.broker.list_topics(q.prefix):
+    for name in names:
         try:
-            infos.append(await topic_info(c.broker, name))
+            infos.append(await info(broker, name))
         except LookupError:
             continue
-    return m.TopicList(infos)
+    return infos
+
+
+async def list_topics(c: Call) -> m.TopicList:
+    q: m.PrefixQuery = c.query
+    names = await c.broker.list_topics(q.prefix)
+    return m.TopicList(await _infos(c.broker, names, topic_info))
 
 
 async def declare_topic(c: Call) -> m.TopicInfo:
@@ -338,13 +348,8 @@ async def attention_info(broker: Broker, name: str) -> m.AttentionInfo:
 
 async def list_attention(c: Call) -> m.AttentionList:
     q: m.PrefixQuery = c.query
-    infos = []
-    for name in await c.broker.list_attention(q.prefix):
-        try:
-            infos.append(await attention_info(c.broker, name))
-        except LookupError:
-            continue
-    return m.AttentionList(infos)
+    names = await c.broker.list_attention(q.prefix)
+    return m.AttentionList(await _infos(c.broker, names, attention_info))
 
 
 async def declare_attention(c: Call) -> m.AttentionInfo:
