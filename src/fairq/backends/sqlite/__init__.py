@@ -411,7 +411,7 @@ class SQLiteBackend(Backend):
         return await self._call(store.delete_queue, name)
 
     async def list_queues(self, prefix: str = "") -> list[str]:
-        return await self._call(store.list_queues, prefix)
+        return await self._call(Txn.names, "fairq_queues", prefix)
 
     # -- messages --------------------------------------------------------------------------
     async def send(self, queue: str, envelopes: list[Envelope]) -> list[str]:
@@ -470,7 +470,7 @@ class SQLiteBackend(Backend):
         return await self._call(topics.delete_topic, name)
 
     async def list_topics(self, prefix: str = "") -> list[str]:
-        return await self._call(topics.list_topics, prefix)
+        return await self._call(Txn.names, "fairq_topics", prefix)
 
     async def subscribe(self, subscription: Subscription, config: QueueConfig) -> None:
         await self._call(topics.subscribe, subscription, config)
@@ -498,7 +498,7 @@ class SQLiteBackend(Backend):
         return await self._call(attention.attention_config, domain)
 
     async def list_attention(self, prefix: str = "") -> list[str]:
-        return await self._call(attention.list_attention, prefix)
+        return await self._call(Txn.names, "fairq_att_domains", prefix)
 
     async def delete_attention(self, domain: str) -> bool:
         return await self._call(attention.delete_attention, domain)
@@ -584,7 +584,7 @@ class SQLiteBackend(Backend):
         return await self._call(waitingroom.room_record, room)
 
     async def list_rooms(self, prefix: str = "") -> list[str]:
-        return await self._call(waitingroom.list_rooms, prefix)
+        return await self._call(Txn.names, "fairq_rooms", prefix)
 
     async def delete_room(self, room: str) -> bool:
         return await self._call(waitingroom.delete_room, room)

@@ -234,16 +234,6 @@ def attention_config(t: Txn, name: str) -> AttentionConfig:
     return t.domain(name).config
 
 
-def list_attention(t: Txn, prefix: str) -> list[str]:
-    return [
-        r[0]
-        for r in t.conn.execute(
-            "SELECT name FROM fairq_att_domains WHERE substr(name, 1, ?) = ? ORDER BY name",
-            (len(prefix), prefix),
-        )
-    ]
-
-
 def delete_attention(t: Txn, name: str) -> bool:
     d = t.find_domain(name)
     if d is None:

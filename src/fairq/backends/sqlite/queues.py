@@ -83,16 +83,6 @@ def delete_queue(t: Txn, name: str) -> bool:
     return True
 
 
-def list_queues(t: Txn, prefix: str) -> list[str]:
-    return [
-        r[0]
-        for r in t.conn.execute(
-            "SELECT name FROM fairq_queues WHERE substr(name, 1, ?) = ? ORDER BY name",
-            (len(prefix), prefix),
-        )
-    ]
-
-
 def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
     q = t.queue(name)
     cfg = q.config

@@ -49,16 +49,6 @@ def delete_topic(t: Txn, name: str) -> bool:
     return True
 
 
-def list_topics(t: Txn, prefix: str) -> list[str]:
-    return [
-        r[0]
-        for r in t.conn.execute(
-            "SELECT name FROM fairq_topics WHERE substr(name, 1, ?) = ? ORDER BY name",
-            (len(prefix), prefix),
-        )
-    ]
-
-
 def subscribe(t: Txn, sub: Subscription, config: QueueConfig) -> None:
     topic = t.topic(sub.topic)
     if sub.name not in topic.subs and t.find(sub.queue) is not None:

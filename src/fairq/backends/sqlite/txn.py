@@ -260,6 +260,12 @@ class Txn:
             ).fetchone()
         )
 
+    def names(self, table: str, prefix: str) -> list[str]:
+        """The names in ``table`` (queues, topics, domains, rooms) starting with ``prefix``,
+        sorted."""
+        sql = f"SELECT name FROM {table} WHERE substr(name, 1, ?) = ? ORDER BY name"
+        return [r[0] for r in self.conn.execute(sql, (len(prefix), prefix))]
+
     def find(self, name: str) -> QueueRow | None:
         return self.store.by_name.get(name) or self._lookup("name", name)
 

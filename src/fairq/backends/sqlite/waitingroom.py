@@ -178,16 +178,6 @@ def room_record(t: Txn, name: str) -> RoomRecord:
     return _record(room.row)
 
 
-def list_rooms(t: Txn, prefix: str) -> list[str]:
-    return [
-        r[0]
-        for r in t.conn.execute(
-            "SELECT name FROM fairq_rooms WHERE substr(name, 1, ?) = ? ORDER BY name",
-            (len(prefix), prefix),
-        )
-    ]
-
-
 def delete_room(t: Txn, name: str) -> bool:
     found = t.conn.execute("SELECT id FROM fairq_rooms WHERE name = ?", (name,)).fetchone()
     if found is None:
