@@ -16,7 +16,7 @@ import orjson
 
 from ...attention import AttentionConfig, AttentionStats, KeyStats, Plan, Slice
 from ...errors import InvalidOption, LeaseLost
-from ...message import Received, id_time
+from ...message import Received
 from ...queue import Envelope
 from ..attention_policy import (
     KeyView,
@@ -27,6 +27,7 @@ from ..attention_policy import (
     resignal_allowed,
 )
 from . import queues
+from .messages import oldest_age
 from .txn import DomainRow, Txn
 
 _MAX_SIGNALS_PER_TAKE = 256
@@ -511,12 +512,7 @@ def key_stats(t: Txn, domain: str, top: int) -> list[KeyStats]:
     ).fetchall()
     out = []
     for key, tenant, plan, state, backlog, in_flight, qid, active, pending, processed in rows:
-        oldest = 0.0
-        if qid is not None and backlog + in_flight:
-            (first,) = t.conn.execute(
-                "SELECT MIN(id) FROM fairq_messages WHERE queue_id = ?", (qid,)
-            ).fetchone()
-            oldest = 0.0 if first is None else max(0.0, t.now - id_time(first))
+        oldest = oldest_age(t, qid) if qid is not None and backlog + in_flight else 0.0
         out.append(
             KeyStats(
                 key, tenant, plan, state, backlog, in_flight, oldest, active, pending, processed

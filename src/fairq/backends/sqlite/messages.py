@@ -235,6 +235,14 @@ def expire_old(t: Txn, q: QueueRow) -> None:
         dead_letter_rows(t, q, rows, "expired")
 
 
+def oldest_age(t: Txn, queue_id: int) -> float:
+    """Seconds since the oldest message in the queue was sent (0 when it is empty)."""
+    (first,) = t.conn.execute(
+        "SELECT MIN(id) FROM fairq_messages WHERE queue_id = ?", (queue_id,)
+    ).fetchone()
+    return 0.0 if first is None else max(0.0, t.now - id_time(first))
+
+
 def sweep(t: Txn) -> None:
     """Bring due delays and ended leases to their next state: visible again, or
     dead-lettered after the last attempt or past retention. Runs at the start of every

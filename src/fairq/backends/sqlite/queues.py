@@ -12,7 +12,7 @@ from __future__ import annotations
 import orjson
 
 from ...errors import LeaseLost
-from ...message import Received, id_time
+from ...message import Received
 from ...queue import Envelope, QueueConfig, QueueStats
 from ..rules import (
     check_priorities,
@@ -37,6 +37,7 @@ from .messages import (
     expire_old,
     insert,
     make_room,
+    oldest_age,
     received,
     unref_queue,
 )
@@ -253,10 +254,7 @@ def stats(t: Txn, name: str) -> QueueStats:
         + " FROM fairq_queues WHERE id = ?",
         (q.id,),
     ).fetchone()
-    (oldest_id,) = t.conn.execute(
-        "SELECT MIN(id) FROM fairq_messages WHERE queue_id = ?", (q.id,)
-    ).fetchone()
-    oldest = 0.0 if oldest_id is None else max(0.0, t.now - id_time(oldest_id))
+    oldest = oldest_age(t, q.id)
     slo = q.config.freshness_slo
     sent, acked, nacked, redelivered, dead_lettered, expired, discarded = row[3:]
     return QueueStats(
