@@ -197,6 +197,18 @@ class Slice:
     plan: Plan
 
 
+#: the counters of :class:`AttentionStats` that are plain totals, as the backends keep them
+ATTENTION_COUNTERS = (
+    "processed",
+    "republished",
+    "blocked",
+    "rate_limited",
+    "empty",
+    "parked",
+    "reconciled",
+)
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionStats:
     """A domain's scheduling counters since it was declared.

@@ -122,6 +122,10 @@ class QueueConfig:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+#: the counters of :class:`QueueStats`, as every backend keeps them per queue
+QUEUE_COUNTERS = ("sent", "acked", "nacked", "redelivered", "dead_lettered", "expired", "discarded")
+
+
 @dataclass(frozen=True, slots=True)
 class QueueStats:
     """A queue's state now and its counters since it was declared.

@@ -32,10 +32,10 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..attention import AttentionStats
+from ..attention import ATTENTION_COUNTERS, AttentionStats
 from ..broker import Broker
 from ..pubsub import TopicStats
-from ..queue import QueueStats
+from ..queue import QUEUE_COUNTERS, QueueStats
 from ..waitingroom import RoomStats
 from .middleware import Receive, Scope, Send
 from .sampler import room_stats
@@ -43,24 +43,6 @@ from .sampler import room_stats
 __all__ = ["CONTENT_TYPE", "Metrics", "RequestTimer"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_QUEUE_COUNTERS = (
-    "sent",
-    "acked",
-    "nacked",
-    "redelivered",
-    "dead_lettered",
-    "expired",
-    "discarded",
-)
-_ATTENTION_COUNTERS = (
-    "processed",
-    "republished",
-    "blocked",
-    "rate_limited",
-    "empty",
-    "parked",
-    "reconciled",
-)
 
 
 @dataclass(slots=True)
@@ -96,7 +78,7 @@ class StatsCollector(Collector):
             name: CounterMetricFamily(
                 f"fairq_queue_{name}", f"Messages {name.replace('_', ' ')}", labels=["queue"]
             )
-            for name in _QUEUE_COUNTERS
+            for name in QUEUE_COUNTERS
         }
         for queue, s in r.queues.items():
             gauges["visible"].add_metric([queue], s.visible)
@@ -106,7 +88,7 @@ class StatsCollector(Collector):
             gauges["freshness_breach"].add_metric([queue], 1.0 if s.breaching else 0.0)
             if s.freshness_slo is not None:
                 gauges["freshness_slo_seconds"].add_metric([queue], s.freshness_slo)
-            for name in _QUEUE_COUNTERS:
+            for name in QUEUE_COUNTERS:
                 counters[name].add_metric([queue], getattr(s, name))
         yield from gauges.values()
         yield from counters.values()
@@ -139,7 +121,7 @@ class StatsCollector(Collector):
             n: CounterMetricFamily(
                 f"fairq_attention_{n}", f"Attention {n.replace('_', ' ')}", labels=["domain"]
             )
-            for n in _ATTENTION_COUNTERS
+            for n in ATTENTION_COUNTERS
         }
         discarded = CounterMetricFamily(
             "fairq_attention_discarded",
@@ -150,7 +132,7 @@ class StatsCollector(Collector):
             a_gauges["keys"].add_metric([domain], a.keys)
             a_gauges["signals_pending"].add_metric([domain], a.signals_pending)
             a_gauges["slices"].add_metric([domain], a.slices)
-            for n in _ATTENTION_COUNTERS:
+            for n in ATTENTION_COUNTERS:
                 a_counters[n].add_metric([domain], getattr(a, n))
             for state, count in sorted(a.discarded.items()):
                 discarded.add_metric([domain, state], count)

@@ -14,7 +14,14 @@ import secrets
 from collections import deque
 from dataclasses import dataclass, field
 
-from ...attention import AttentionConfig, AttentionStats, KeyStats, Plan, Slice
+from ...attention import (
+    ATTENTION_COUNTERS,
+    AttentionConfig,
+    AttentionStats,
+    KeyStats,
+    Plan,
+    Slice,
+)
 from ...clock import Clock
 from ...errors import AttentionNotFound, InvalidOption, LeaseLost
 from ...message import Received, id_time
@@ -80,20 +87,7 @@ class _Domain:
     slices: dict[str, _SliceRec] = field(default_factory=dict)
     leases: list[tuple[float, str]] = field(default_factory=list)
     turn_counter: int = 0
-    counters: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(
-            (
-                "processed",
-                "republished",
-                "blocked",
-                "rate_limited",
-                "empty",
-                "parked",
-                "reconciled",
-            ),
-            0,
-        )
-    )
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ATTENTION_COUNTERS, 0))
     discarded: dict[str, int] = field(default_factory=dict)
     clear_sum: float = 0.0
     clear_count: int = 0

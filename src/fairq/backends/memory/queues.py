@@ -21,7 +21,7 @@ from ...errors import (
     QueueNotFound,
 )
 from ...message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
-from ...queue import Envelope, QueueConfig, QueueStats
+from ...queue import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..base import Backend
 from ..rules import (
     DedupPlan,
@@ -60,11 +60,7 @@ class _Queue:
     visible: int = 0
     delayed: int = 0
     in_flight: int = 0
-    counters: dict[str, int] = field(
-        default_factory=lambda: dict.fromkeys(
-            ("sent", "acked", "nacked", "redelivered", "dead_lettered", "expired", "discarded"), 0
-        )
-    )
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(QUEUE_COUNTERS, 0))
     heads: dict[str, int] = field(default_factory=dict)  # FIFO group -> head message id
     behind: dict[str, deque[int]] = field(default_factory=dict)  # FIFO group -> blocked ids
     dedup: dict[str, tuple[int, float]] = field(default_factory=dict)

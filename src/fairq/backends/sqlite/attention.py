@@ -14,7 +14,14 @@ from typing import Any
 
 import orjson
 
-from ...attention import AttentionConfig, AttentionStats, KeyStats, Plan, Slice
+from ...attention import (
+    ATTENTION_COUNTERS,
+    AttentionConfig,
+    AttentionStats,
+    KeyStats,
+    Plan,
+    Slice,
+)
 from ...errors import InvalidOption, LeaseLost
 from ...message import Received
 from ...queue import Envelope
@@ -34,7 +41,6 @@ _MAX_SIGNALS_PER_TAKE = 256
 _KEY_COLS = (
     "key, queue, tenant, plan, state, parked, pending, active, tokens, tokens_at, backlog_since"
 )
-_COUNTERS = ("processed", "republished", "blocked", "rate_limited", "empty", "parked", "reconciled")
 
 
 class _Key:
@@ -475,7 +481,7 @@ def stats(t: Txn, domain: str) -> AttentionStats:
     sweep_domain(t, d)
     conn = t.conn
     row = conn.execute(
-        "SELECT " + ", ".join(_COUNTERS) + ", discarded, clear_sum, clear_count "
+        "SELECT " + ", ".join(ATTENTION_COUNTERS) + ", discarded, clear_sum, clear_count "
         "FROM fairq_att_domains WHERE id = ?",
         (d.id,),
     ).fetchone()
@@ -486,8 +492,8 @@ def stats(t: Txn, domain: str) -> AttentionStats:
     (slices,) = conn.execute(
         "SELECT COUNT(*) FROM fairq_att_slices WHERE domain_id = ?", (d.id,)
     ).fetchone()
-    counters = dict(zip(_COUNTERS, row[: len(_COUNTERS)], strict=True))
-    discarded, clear_sum, clear_count = row[len(_COUNTERS) :]
+    counters = dict(zip(ATTENTION_COUNTERS, row[: len(ATTENTION_COUNTERS)], strict=True))
+    discarded, clear_sum, clear_count = row[len(ATTENTION_COUNTERS) :]
     return AttentionStats(
         signals_pending=pending,
         slices=slices,

@@ -13,7 +13,7 @@ import orjson
 
 from ...errors import LeaseLost
 from ...message import Received
-from ...queue import Envelope, QueueConfig, QueueStats
+from ...queue import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..rules import (
     check_priorities,
     plan_dedup,
@@ -42,8 +42,6 @@ from .messages import (
     unref_queue,
 )
 from .txn import Row, Txn, chunks, marks
-
-_COUNTERS = ("sent", "acked", "nacked", "redelivered", "dead_lettered", "expired", "discarded")
 
 
 # -- operations ----------------------------------------------------------------------------
@@ -250,7 +248,7 @@ def stats(t: Txn, name: str) -> QueueStats:
     t.flush()
     row = t.conn.execute(
         "SELECT visible, delayed, in_flight, "
-        + ", ".join(_COUNTERS)
+        + ", ".join(QUEUE_COUNTERS)
         + " FROM fairq_queues WHERE id = ?",
         (q.id,),
     ).fetchone()
