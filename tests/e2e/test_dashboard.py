@@ -19,7 +19,8 @@ from typing import Any
 
 import httpx
 import pytest
-from e2esupport import free_port, running
+
+from subprocs import free_port, running
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2esupport import free_port, running
 
 import fairq
+from subprocs import free_port, running
 
 REFRESH = (0.3, 1.0)  # the page's refresh interval bounds in this test (seconds)
 SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "waitingroom.png"

@@ -7,11 +7,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +18,7 @@ import httpx
 
 import fairq
 from fairq.http.app import create_app
+from subprocs import free_port, running
 
 ADMIN = "admin-key-0123456789"
 SENDER = "send-key-0123456789"
@@ -55,13 +53,6 @@ async def serving(
             await b.close()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @contextlib.asynccontextmanager
 async def uvicorn_serving(app: Any) -> AsyncIterator[str]:
     """Serve ``app`` with uvicorn on a free loopback port in this event loop; its URL."""
@@ -90,32 +81,8 @@ def fairq_serve(
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """``fairq serve`` as a subprocess on a free loopback port; its URL once healthy."""
     port = free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "fairq", "serve", "--port", str(port), *args],
-        cwd=cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "FAIRQ_URL": f"sqlite:///{cwd / 'serve.db'}", **(env or {})},
-    )
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"fairq serve did not start: {proc.communicate()[0]}")
-            time.sleep(0.05)
+    cmd = [sys.executable, "-m", "fairq", "serve", "--port", str(port), *args]
+    env = {**os.environ, "FAIRQ_URL": f"sqlite:///{cwd / 'serve.db'}", **(env or {})}
+    with running(cmd, f"{url}/healthz", cwd=cwd, text=True, env=env) as proc:
         yield url, proc
-    finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
