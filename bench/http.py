@@ -28,21 +28,20 @@ import asyncio
 import json
 import os
 import platform
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
 from rich.table import Table
+
+from bench.servers import free_port, served
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BODY = {"type": "OrderConfirmed", "order": "o-7731", "seats": ["B-12", "B-13"], "pad": "x" * 110}
@@ -78,36 +77,6 @@ def serve_bare(port: int) -> None:
 
 
 # -- processes -----------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-@contextmanager
-def process(args: list[str], url: str, cwd: Path, env: dict[str, str]) -> Iterator[str]:
-    proc = subprocess.Popen(
-        args, cwd=cwd, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"server did not start: {args}")
-            time.sleep(0.05)
-        yield url
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 # -- load ----------------------------------------------------------------------------------
@@ -323,8 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         bare_cmd = [sys.executable, "-m", "bench.http", "--bare-server", str(bport)]
         root = Path(__file__).resolve().parents[1]
         with (
-            process(fairq_cmd, f"http://127.0.0.1:{fport}", Path(tmp), env) as fairq_url,
-            process(bare_cmd, f"http://127.0.0.1:{bport}", root, env) as bare_url,
+            served(fairq_cmd, fport, Path(tmp), env, health="/healthz") as fairq_url,
+            served(bare_cmd, bport, root, env, health="/healthz") as bare_url,
         ):
             for i in range(args.runs):
                 console.print(f"run {i + 1}/{args.runs} …")

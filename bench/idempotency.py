@@ -24,7 +24,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ from rich.console import Console
 from rich.table import Table
 
 import fairq
+from bench.servers import free_port, served
 
 RESULTS = Path(__file__).resolve().parent / "results"
 BODY = b'{"order":"o-7731","seats":["B-12","B-13"]}'
@@ -157,23 +157,6 @@ def serve(kind: str, port: int, db: str) -> None:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, limit: float = 20) -> None:
-    deadline = time.monotonic() + limit
-    while time.monotonic() < deadline:
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"the server on port {port} did not start")
-
-
 # -- 2. the middleware: load ------------------------------------------------------------------
 async def _connection(
     port: int, until: float, mode: str, latencies: list[float], statuses: dict[int, int]
@@ -227,12 +210,9 @@ def measure_http(kind: str, mode: str, seconds: float, connections: int) -> dict
     port = free_port()
     with tempfile.TemporaryDirectory() as d:
         db = str(Path(d) / "http.db")
-        server = subprocess.Popen(
-            [sys.executable, "-m", "bench.idempotency", "serve", kind, str(port), db],
-            cwd=Path(__file__).resolve().parent.parent,
-        )
-        try:
-            wait_for_port(port)
+        root = Path(__file__).resolve().parent.parent
+        serve = [sys.executable, "-m", "bench.idempotency", "serve", kind, str(port), db]
+        with served(serve, port, root):
             out = subprocess.run(
                 [
                     sys.executable,
@@ -244,14 +224,11 @@ def measure_http(kind: str, mode: str, seconds: float, connections: int) -> dict
                     str(connections),
                     mode,
                 ],
-                cwd=Path(__file__).resolve().parent.parent,
+                cwd=root,
                 capture_output=True,
                 text=True,
                 check=True,
             ).stdout
-        finally:
-            server.terminate()
-            server.wait(10)
     result: dict[str, Any] = json.loads(out)
     return result
 

@@ -36,7 +36,6 @@ import random
 import re
 import secrets
 import shutil
-import signal
 import socket
 import sqlite3
 import statistics
@@ -52,6 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 import fairq
+from bench.servers import free_port, served
 from fairq.waitingroom import refresh_interval
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -214,13 +214,6 @@ wrk.headers["Accept"] = "application/json"
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def _wrk(url: str, seconds: float, script: Path | None, connections: int) -> dict[str, float]:
     cmd = ["wrk", "-t2", f"-c{connections}", f"-d{seconds:g}s", "--latency"]
     if script is not None:
@@ -248,27 +241,14 @@ def http(
     if shutil.which("wrk") is None:
         console.print("[yellow]wrk is not installed: HTTP part skipped (apt-get install wrk)[/]")
         return
-    port = _free_port()
-    env = dict(os.environ, FAIRQ_BENCH_URL=url, PYTHONPATH=str(ROOT))
-    server = subprocess.Popen(
-        [
-            sys.executable, "-m", "uvicorn", "bench.waitingroom:http_app", "--factory",
-            "--workers", "2", "--port", str(port), "--no-access-log", "--log-level", "warning",
-        ],
-        cwd=ROOT,
-        env=env,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                    break
-            except OSError:
-                assert time.monotonic() < deadline, "uvicorn did not start"
-                time.sleep(0.1)
-        time.sleep(1.0)
+    port = free_port()
+    env = {"FAIRQ_BENCH_URL": url, "PYTHONPATH": str(ROOT)}
+    cmd = [
+        sys.executable, "-m", "uvicorn", "bench.waitingroom:http_app", "--factory",
+        "--workers", "2", "--port", str(port), "--no-access-log", "--log-level", "warning",
+    ]  # fmt: skip
+    with served(cmd, port, ROOT, env) as base:
+        time.sleep(1.0)  # both workers up
         with tempfile.TemporaryDirectory() as d:
             tickets = Path(d) / "tickets.txt"
             tickets.write_text("\n".join(sample[:10_000]) + "\n")
@@ -287,12 +267,6 @@ def http(
                 out[f"http_{name}_p50_ms"] = statistics.median(r["p50_ms"] for r in results)
                 out[f"http_{name}_p99_ms"] = statistics.median(r["p99_ms"] for r in results)
                 out[f"http_{name}_non_2xx"] = sum(r["non_2xx"] for r in results)
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            server.kill()
 
 
 # -- 5-6: admission and sold out ---------------------------------------------------------------
