@@ -171,6 +171,11 @@ async def _run_worker_strategy(
         async def handle(msg: fairq.Received) -> None:
             await _job(rec, msg, sc)
 
+    return _started(worker)
+
+
+def _started(worker: fairq.Worker) -> Callable[[], Awaitable[None]]:
+    """Run ``worker`` in a task; the returned coroutine function stops it and waits."""
     task = asyncio.create_task(worker.run())
 
     async def stop() -> None:
@@ -264,13 +269,7 @@ async def _attention(
     async def handle(msg: fairq.Received) -> None:
         await _job(rec, msg, sc)
 
-    task = asyncio.create_task(worker.run())
-
-    async def stop() -> None:
-        worker.stop()
-        await task
-
-    return stop
+    return _started(worker)
 
 
 # -- single-purpose measurements -----------------------------------------------------------
@@ -309,12 +308,11 @@ async def _one_key_throughput(sc: Scenario, n: int) -> dict[str, float]:
                     done += 1
 
             started = time.monotonic()
-            task = asyncio.create_task(worker.run())
+            stop = _started(worker)
             while done < n:  # noqa: ASYNC110 - a bounded progress poll of the benchmark
                 await asyncio.sleep(0.01)
             rates[kind] = n / (time.monotonic() - started)
-            worker.stop()
-            await task
+            await stop()
             await broker.close()
     return rates
 
@@ -340,10 +338,9 @@ async def _tenant_shares(sc: Scenario, a_keys: int, seconds: float) -> dict[str,
             counts[msg.text()] += 1
             await asyncio.sleep(sc.job_seconds)
 
-        task = asyncio.create_task(worker.run())
+        stop = _started(worker)
         await asyncio.sleep(seconds)  # both stay backlogged throughout
-        worker.stop()
-        await task
+        await stop()
         await broker.close()
     assert counts["B"] < 60_000 and counts["A"] < a_keys * 200, "a tenant ran out of work"
     return {"A": counts["A"], "B": counts["B"], "B/A": counts["B"] / max(1, counts["A"])}
@@ -368,11 +365,10 @@ async def _rate_limited(sc: Scenario, rate: float, seconds: float) -> dict[str, 
             done += 1
 
         counting = Counting(broker.backend)
-        task = asyncio.create_task(worker.run())
+        stop = _started(worker)
         await asyncio.sleep(seconds)
         handled = done
-        worker.stop()
-        await task
+        await stop()
         await broker.close()
     return {
         "handled": handled,

@@ -927,6 +927,16 @@ def evaluate_targets(col: Collector, scale: dict[str, Any]) -> list[dict[str, An
     def ratio(a: float | None, b: float | None) -> float | None:
         return a / b if a and b else None
 
+    def against_peers(batch: int, goal: float) -> None:
+        for peer in (PQD, PQ):
+            for phase in (SEND, RECV):
+                check(
+                    f"batch {batch} {phase}: fairq / {peer} >= {goal:g}",
+                    ratio(col.rate(FAIRQ, phase, batch), col.rate(peer, phase, batch)),
+                    goal,
+                    "x",
+                )
+
     for phase in (SEND, RECV):
         check(
             f"batch 100 {phase}: fairq / raw sqlite3 >= 0.30",
@@ -934,28 +944,14 @@ def evaluate_targets(col: Collector, scale: dict[str, Any]) -> list[dict[str, An
             0.30,
             "x",
         )
-    for peer in (PQD, PQ):
-        for phase in (SEND, RECV):
-            check(
-                f"batch 100 {phase}: fairq / {peer} >= 10",
-                ratio(col.rate(FAIRQ, phase, 100), col.rate(peer, phase, 100)),
-                10.0,
-                "x",
-            )
+    against_peers(100, 10.0)
     check(
         f"{CONCURRENT_TASKS} concurrent single sends / fairq batch-100 send >= 0.25",
         ratio(col.rate(FAIRQ, CONC, 1), col.rate(FAIRQ, SEND, 100)),
         0.25,
         "x",
     )
-    for peer in (PQD, PQ):
-        for phase in (SEND, RECV):
-            check(
-                f"batch 1 {phase}: fairq / {peer} >= 1",
-                ratio(col.rate(FAIRQ, phase, 1), col.rate(peer, phase, 1)),
-                1.0,
-                "x",
-            )
+    against_peers(1, 1.0)
     deep = f"{scale['deep'][0]['depth']:,}" if scale else "1,000,000"
     shallow = f"{scale['shallow'][0]['depth']:,}" if scale else "1,000"
     check(
