@@ -242,6 +242,8 @@ class Broker:
         enterprise as in the seed), ``work_queue`` is the template of each key's queue,
         ``queue_options`` the ``declare_queue`` options of every work queue, and
         ``slice_lease`` how long a slice's concurrency token lives unless renewed.
+        ``work_queue`` cannot change once the domain has keys (``ConfigConflict``: their
+        backlog is in the queues the old template named).
         """
         check_name(domain, "attention domain")
         config = AttentionConfig(

@@ -69,6 +69,21 @@ async def test_declare_and_options(broker: fairq.Broker) -> None:
         await broker.attention("never").publish("k", b"x")
 
 
+async def test_work_queue_cannot_change_once_keys_exist(broker: fairq.Broker) -> None:
+    await broker.declare_attention("wq", work_queue="a.{key}")
+    await broker.declare_attention("wq", work_queue="b.{key}")  # no keys yet: fine
+    att = broker.attention("wq")
+    await att.publish("k", b"one")
+    with pytest.raises(fairq.ConfigConflict, match="work_queue"):
+        await broker.declare_attention("wq", work_queue="c.{key}")
+    await broker.declare_attention("wq", work_queue="b.{key}", slice_lease=10.0)  # others may
+    assert (await att.queue("k")).name == "b.k"
+    s = await att._take(0)
+    assert s is not None and s.queue == "b.k"
+    (msg,) = await broker.queue(s.queue).receive(10)
+    assert msg.body == b"one"
+
+
 async def test_work_queue_gets_the_queue_options(broker: fairq.Broker) -> None:
     a = await domain(broker, queue_options={"max_attempts": 2, "visibility_timeout": 7})
     await a.publish("store-1", b"x")

@@ -11,11 +11,30 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from ..attention import DROPPING_STATES, PARKING_STATES, Plan
+from ..attention import DROPPING_STATES, PARKING_STATES, AttentionConfig, Plan
+from ..errors import ConfigConflict
 
-__all__ = ["KeyView", "SignalDecision", "on_signal", "on_slice_end", "refill", "resignal_allowed"]
+__all__ = [
+    "KeyView",
+    "SignalDecision",
+    "check_change",
+    "on_signal",
+    "on_slice_end",
+    "refill",
+    "resignal_allowed",
+]
 
 Action = Literal["drop", "park", "block", "empty", "rate_limited", "slice"]
+
+
+def check_change(domain: str, old: AttentionConfig, new: AttentionConfig, has_keys: bool) -> None:
+    """Redeclaring a domain may change its options, but not ``work_queue`` once it has
+    keys: their backlog sits in the queues the old template named (``ConfigConflict``)."""
+    if has_keys and new.work_queue != old.work_queue:
+        raise ConfigConflict(
+            f"work_queue of attention domain {domain!r} cannot change once it has keys "
+            f"({old.work_queue!r}); delete_attention first"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -272,7 +272,8 @@ class Backend(ABC):
     # FIFO within a tenant. Wake-ups for a domain go to the token ``attention:<domain>``.
     @abstractmethod
     async def declare_attention(self, domain: str, config: AttentionConfig) -> None:
-        """Create the domain or update its options."""
+        """Create the domain or update its options; ``work_queue`` cannot change once the
+        domain has keys (``attention_policy.check_change``: ``ConfigConflict``)."""
 
     @abstractmethod
     async def attention_config(self, domain: str) -> AttentionConfig:

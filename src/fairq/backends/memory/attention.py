@@ -28,6 +28,7 @@ from ...message import Received, id_time
 from ...queue import Envelope, QueueConfig
 from ..attention_policy import (
     KeyView,
+    check_change,
     next_permit,
     on_signal,
     on_slice_end,
@@ -214,6 +215,7 @@ class MemoryAttention(MemoryQueues):
         if d is None:
             self._domains[domain] = _Domain(domain, config)
         else:
+            check_change(domain, d.config, config, bool(d.keys))
             d.config = config
 
     async def attention_config(self, domain: str) -> AttentionConfig:

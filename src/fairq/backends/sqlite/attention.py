@@ -27,6 +27,7 @@ from ...message import Received
 from ...queue import Envelope
 from ..attention_policy import (
     KeyView,
+    check_change,
     next_permit,
     on_signal,
     on_slice_end,
@@ -231,6 +232,10 @@ def declare_attention(t: Txn, name: str, config: AttentionConfig) -> None:
             (name, data, t.now),
         )
     elif d.config != config:
+        has_keys = t.conn.execute(
+            "SELECT 1 FROM fairq_att_keys WHERE domain_id = ? LIMIT 1", (d.id,)
+        ).fetchone()
+        check_change(name, d.config, config, has_keys is not None)
         t.conn.execute("UPDATE fairq_att_domains SET config = ? WHERE id = ?", (data, d.id))
     else:
         return
