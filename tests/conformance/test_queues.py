@@ -311,6 +311,22 @@ async def test_rule7_retention(broker: fairq.Broker, clock: fairq.ManualClock) -
     assert (s.expired, s.dead_lettered) == (2, 2)
 
 
+async def test_rule7_retention_is_applied_when_stats_are_read(
+    broker: fairq.Broker, clock: fairq.ManualClock
+) -> None:
+    q = await broker.declare_queue("short3", retention=60, visibility_timeout=120)
+    await q.send(b"leased")
+    await q.send(b"old")
+    (held,) = await q.receive()
+    assert held.body == b"leased"
+    await q.send(b"delayed", delay=30)
+    clock.advance(61)
+    s = await q.stats()  # nothing received: stats alone expire what is past retention
+    assert (s.visible, s.delayed, s.in_flight, s.expired) == (0, 0, 1, 2)
+    assert (await broker.queue("short3.dlq").stats()).visible == 2
+    await held.ack()  # the leased one is checked when its lease ends, not before
+
+
 async def test_rule7_retention_after_redelivery(
     broker: fairq.Broker, clock: fairq.ManualClock
 ) -> None:

@@ -9,6 +9,7 @@ entries are skipped by a version stamp instead of being removed.
 from __future__ import annotations
 
 import heapq
+import itertools
 import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
@@ -208,6 +209,14 @@ class MemoryQueues(Backend):
 
     def _expired(self, m: _Msg, now: float) -> bool:
         return id_time(m.id) < now - m.queue.config.retention
+
+    def _expire_old(self, q: _Queue, now: float) -> None:
+        """Dead-letter (reason ``expired``) messages older than the queue's retention that
+        are not in flight; in-flight ones are checked when their lease ends."""
+        old = list(itertools.takewhile(lambda m: self._expired(m, now), q.msgs.values()))
+        for m in old:
+            if not (m.state == WAITING and m.lease):
+                self._dead_letter(m, "expired", now)
 
     def _sweep(self, now: float) -> None:
         """Bring due delays and leases to their next state (visible or dead-lettered)."""
@@ -409,6 +418,7 @@ class MemoryQueues(Backend):
         now = self.clock.now()
         self._sweep(now)
         q = self._q(queue)
+        self._expire_old(q, now)
         oldest = 0.0
         if q.msgs:
             oldest = max(0.0, now - id_time(next(iter(q.msgs))))
