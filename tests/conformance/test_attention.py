@@ -380,6 +380,41 @@ async def test_rule8_rate_limit(broker: fairq.Broker, clock: fairq.ManualClock) 
     assert len(msgs) == 5
 
 
+async def test_an_immediate_message_pulls_a_delayed_signal_forward(
+    broker: fairq.Broker, clock: fairq.ManualClock
+) -> None:
+    a = await domain(broker)
+    await a.publish("k", b"later", delay=30)
+    assert await a._take(0) is None, "the key's only signal waits for the delayed message"
+    await a.publish("k", b"now")
+    s = await a._take(0)
+    assert s is not None, "the immediate message does not wait behind the delayed signal"
+    assert (await a.stats()).signals_pending == 0
+
+
+async def test_a_ready_signal_is_not_doubled_by_pulling_forward(
+    broker: fairq.Broker, clock: fairq.ManualClock
+) -> None:
+    plans = {"basic": Plan(3, 100, 20.0, rate=10.0, burst=5.0)}
+    a = await domain(broker, plans=plans)
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(30)])
+    s = await a._take(0)
+    assert s is not None
+    msgs, _ = await a._receive(s, 100, None)
+    for m in msgs:
+        await m.ack()
+    _, retry_at = await a._receive(s, 100, None)
+    assert retry_at is not None, "the bucket is empty"
+    await a.publish("k", b"x")  # a free slot: a ready signal
+    await a._end(s, len(msgs), retry_at)  # and a delayed one for the bucket
+    assert (await a.stats()).signals_pending == 2
+    await a.publish("k", b"y")  # a ready signal exists: nothing is pulled forward
+    assert await a._take(0) is None  # the ready one meets the empty bucket
+    assert await a._take(0) is None
+    st = await a.stats()
+    assert (st.rate_limited, st.signals_pending) == (2, 2)  # the slice end, then one take
+
+
 # -- stats -----------------------------------------------------------------------------------
 async def test_key_stats_and_clear_time(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
     a = await domain(broker)

@@ -55,7 +55,8 @@ class _Key:
     plan: str
     state: str = "active"
     parked: bool = False
-    pending: int = 0
+    pending: int = 0  # live signals, ready or delayed
+    delayed: int = 0  # of which in the delayed heap
     active: int = 0
     tokens: float = math.inf
     tokens_at: float = 0.0
@@ -137,6 +138,7 @@ class MemoryAttention(MemoryQueues):
         k.pending += 1
         if due > now:
             heapq.heappush(d.delayed, (due, sig.seq, sig))
+            k.delayed += 1
         else:
             self._ready(d, k.tenant, sig)
         self.wakeups.notify([f"attention:{d.name}"])
@@ -156,6 +158,7 @@ class MemoryAttention(MemoryQueues):
             if sig.live:
                 k = d.keys.get(sig.key)
                 if k is not None:
+                    k.delayed -= 1
                     self._ready(d, k.tenant, sig)
         while d.leases and d.leases[0][0] <= now:
             _, token = heapq.heappop(d.leases)
@@ -262,21 +265,17 @@ class MemoryAttention(MemoryQueues):
                 else min((m.avail_at for m in q.msgs.values() if m.state == WAITING), default=now)
             )
             self._signal(d, k, due, now)
-        elif (
-            q.visible
-            and k.pending
-            and all(s.due > now for _, _, s in d.delayed if s.key == key and s.live)
-        ):
-            self._pull_forward(d, k, now)  # an immediate message behind a delayed signal
+        elif q.visible and k.delayed and k.pending == k.delayed:
+            self._pull_forward(d, k, now)  # an immediate message behind delayed signals only
         return ids
 
     def _pull_forward(self, d: _Domain, k: _Key, now: float) -> None:
-        for _, _, sig in d.delayed:
-            if sig.key == k.key and sig.live:
-                sig.live = False
-                k.pending -= 1
-                self._signal(d, k, now, now)
-                return
+        """Replace the key's earliest delayed signal with a ready one."""
+        sig = min((s for _, _, s in d.delayed if s.key == k.key and s.live), key=lambda s: s.due)
+        sig.live = False
+        k.pending -= 1
+        k.delayed -= 1
+        self._signal(d, k, now, now)
 
     async def attention_take(self, domain: str) -> Slice | None:
         now = self.clock.now()
