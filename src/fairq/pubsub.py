@@ -66,10 +66,13 @@ class Subscription:
 
 @dataclass(frozen=True, slots=True)
 class PublishResult:
-    """What a publish did: the publication's id and the subscriptions that got a copy."""
+    """What a publish did: the publication's id and the subscriptions that got a copy;
+    ``duplicate`` when a repeated ``dedup_id`` made it the first publish's answer (nothing
+    was stored or delivered this time)."""
 
     message_id: str
     subscriptions: list[str] = field(default_factory=list)
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -335,9 +338,17 @@ class Topic:
         results = await wait_for_room(
             self._backend, None, timeout, lambda: self._backend.publish(self.name, envs)
         )
-        hub = _HUBS.get(self._backend.listen_scope())
-        if hub is not None:
-            hub.deliver(self.name, [(e, r.message_id) for e, r in zip(envs, results, strict=True)])
+        if _HUBS:
+            hub = _HUBS.get(self._backend.listen_scope())
+            if hub is not None and hub.by_topic.get(self.name):
+                hub.deliver(
+                    self.name,
+                    [
+                        (e, r.message_id)
+                        for e, r in zip(envs, results, strict=True)
+                        if not r.duplicate
+                    ],
+                )
         return results
 
     def listen(

@@ -200,7 +200,8 @@ async def test_dedup_per_topic(broker: fairq.Broker, clock: fairq.ManualClock) -
     q = await t.subscribe("s")
     first = await t.publish(b"1", dedup_id="evt-1")
     again = await t.publish(b"2", dedup_id="evt-1")
-    assert again == first
+    assert not first.duplicate and again.duplicate
+    assert (again.message_id, again.subscriptions) == (first.message_id, first.subscriptions)
     other = await broker.declare_topic("other")
     assert (await other.publish(b"x", dedup_id="evt-1")).message_id != first.message_id
     clock.advance(61)
@@ -282,6 +283,20 @@ async def test_rule6_listen_gets_only_what_is_published_while_listening(
         assert await listener.get(timeout=0.05) is None
     await t.publish(b"after")
     assert (await t.stats()).copies == 0, "nothing is stored for a listener"
+
+
+async def test_rule6_listen_gets_no_duplicates(broker: fairq.Broker) -> None:
+    t = await broker.declare_topic("live-dedup", dedup_window=60)
+    async with t.listen() as listener:
+        await t.publish(b"one", dedup_id="e-1")
+        again = await t.publish(b"one again", dedup_id="e-1")
+        batch = await t.publish_batch(
+            [Outgoing(b"two", dedup_id="e-2"), Outgoing(b"two again", dedup_id="e-2")]
+        )
+        assert again.duplicate and [r.duplicate for r in batch] == [False, True]
+        got = [await listener.get(timeout=1) for _ in range(2)]
+        assert [m.body for m in got if m] == [b"one", b"two"]
+        assert await listener.get(timeout=0.05) is None, "a duplicate publishes nothing"
 
 
 async def test_rule6_listen_with_routing_and_filter(broker: fairq.Broker) -> None:

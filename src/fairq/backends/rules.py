@@ -151,12 +151,15 @@ def publish_results(
     duplicates with the first publish's id and subscriptions (``earlier``)."""
     if plan.slots is None:
         return [PublishResult(format_id(m), names) for m, names in zip(made, matched, strict=True)]
-    return [
-        PublishResult(format_id(made[v]), matched[v])
-        if new
-        else PublishResult(format_id(v), earlier[v])
-        for new, v in plan.slots
-    ]
+    out = []
+    answered: set[int] = set()  # fresh publications already answered once in this batch
+    for new, v in plan.slots:
+        if new:
+            out.append(PublishResult(format_id(made[v]), matched[v], v in answered))
+            answered.add(v)
+        else:
+            out.append(PublishResult(format_id(v), earlier[v], True))
+    return out
 
 
 def check_priorities(queue: str, envelopes: Iterable[Envelope], max_priority: int) -> None:

@@ -268,7 +268,10 @@ class RemoteTopic(_RemoteHandle):
             {"messages": items, "timeout": timeout or 0.0},
             wait=timeout or 0.0,
         )
-        return [PublishResult(r["message_id"], r["subscriptions"]) for r in data["results"]]
+        return [
+            PublishResult(r["message_id"], r["subscriptions"], r.get("duplicate", False))
+            for r in data["results"]
+        ]
 
     async def stats(self) -> TopicStats:
         """The topic's counters."""

@@ -110,6 +110,7 @@ class SQLiteBackend(Backend):
     def __init__(self, path: str, clock: Clock, options: dict[str, str]) -> None:
         super().__init__(clock)
         self.path = path
+        self._scope = ("sqlite", os.path.realpath(path))  # resolved once, at open
         sync = options.pop("synchronous", "normal").lower()
         if sync not in ("normal", "full"):
             raise InvalidOption(f"synchronous must be normal or full, got {sync!r}")
@@ -488,7 +489,7 @@ class SQLiteBackend(Backend):
         return await self._call(topics.topic_stats, topic)
 
     def listen_scope(self) -> Hashable:
-        return ("sqlite", os.path.realpath(self.path))
+        return self._scope
 
     # -- attention -------------------------------------------------------------------------
     async def declare_attention(self, domain: str, config: AttentionConfig) -> None:
