@@ -14,26 +14,26 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import fields
 from types import TracebackType
 from typing import Any
 from urllib.parse import parse_qsl, urlsplit
 
-from .attention import DEFAULT_PLANS, Attention, AttentionConfig, Plan
+from .attention import Attention, AttentionConfig, Plan
 from .backends.base import Backend
 from .clock import Clock, SystemClock
 from .errors import ConnectionError, InvalidOption
 from .idempotency import IdempotencyStore, VersionGate
 from .message import check_name
+from .model.attention import DEFAULT_PLANS
+from .model.queues import DEFAULT, queue_config_from_options
 from .pubsub import Topic, TopicConfig
-from .queue import Overflow, Queue, QueueConfig
+from .queue import Overflow, Queue
 from .waitingroom import WaitingRoom, declare_room, open_room
 
 __all__ = ["DEFAULT_URL", "Broker", "connect", "mask_url"]
 
 DEFAULT_URL = "sqlite:///fairq.db"
 DEFAULT_MAX_MESSAGE_BYTES = 262_144
-_DEFAULT: Any = object()  # "argument not given", where None means something
 
 
 def mask_url(url: str) -> str:
@@ -70,25 +70,6 @@ def _open_backend(url: str, clock: Clock) -> Backend:
         f"cannot open {mask_url(url)!r}: unknown scheme {scheme!r} "
         "(use memory://, sqlite:///path.db, redis://, postgresql:// or amqp://)"
     )
-
-
-_QUEUE_OPTIONS = frozenset(f.name for f in fields(QueueConfig))
-
-
-def queue_config_from_options(name: str, options: Mapping[str, Any]) -> QueueConfig:
-    """The checked ``QueueConfig`` of queue ``name`` from ``declare_queue``'s keyword options
-    (``dead_letter`` left out or ``_DEFAULT`` means ``"<name>.dlq"``)."""
-    check_name(name)
-    unknown = set(options) - _QUEUE_OPTIONS
-    if unknown:
-        raise InvalidOption(
-            f"unknown queue option(s): {', '.join(sorted(unknown))} "
-            f"(known: {', '.join(sorted(_QUEUE_OPTIONS))})"
-        )
-    values = dict(options)
-    if values.get("dead_letter", _DEFAULT) is _DEFAULT:
-        values["dead_letter"] = f"{name}.dlq"
-    return QueueConfig(**values).validated(name)
 
 
 async def connect(
@@ -162,7 +143,7 @@ class Broker:
         *,
         visibility_timeout: float = 30.0,
         max_attempts: int | None = 5,
-        dead_letter: str | None = _DEFAULT,
+        dead_letter: str | None = DEFAULT,
         retention: float = 1_209_600.0,
         max_length: int | None = None,
         overflow: Overflow = "reject",
@@ -311,12 +292,12 @@ class Broker:
     async def waiting_room(
         self,
         name: str,
-        admit_rate: float = _DEFAULT,
-        token_ttl: float = _DEFAULT,
-        opens_at: float | None = _DEFAULT,
+        admit_rate: float = DEFAULT,
+        token_ttl: float = DEFAULT,
+        opens_at: float | None = DEFAULT,
         secret: bytes | None = None,
         *,
-        max_active: int | None = _DEFAULT,
+        max_active: int | None = DEFAULT,
     ) -> WaitingRoom:
         """Create a waiting room, or update the options given of an existing one; return
         its handle (see :mod:`fairq.waitingroom`).
@@ -336,7 +317,7 @@ class Broker:
                 ("opens_at", opens_at),
                 ("max_active", max_active),
             )
-            if v is not _DEFAULT
+            if v is not DEFAULT
         }
         return await declare_room(self.backend, name, given, secret)
 

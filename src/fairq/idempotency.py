@@ -41,12 +41,18 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING
 
-import orjson
-
-from .errors import InvalidMessage, InvalidOption, LeaseLost
+from .errors import InvalidOption, LeaseLost
 from .message import Received, check_key, check_name
+from .model.idempotency import (
+    DEFAULT_LEASE,
+    IdempotencyRecord,
+    Version,
+    check_version,
+    decode_result,
+    encode_result,
+)
 
 if TYPE_CHECKING:
     from .backends.base import Backend
@@ -68,44 +74,6 @@ __all__ = [
 
 log = logging.getLogger("fairq.idempotency")
 
-#: seconds a claim lasts unless completed, released or extended
-DEFAULT_LEASE = 60.0
-#: a version as the backends store it: an integer (version, revision, sequence number) or
-#: a float (an event time in seconds since the epoch)
-Version = int | float
-_INT64 = 2**63
-
-# how a result is stored: one tag byte, then the payload (backends keep opaque bytes)
-_BYTES, _JSON = b"b", b"j"
-
-
-def encode_result(result: object) -> bytes | None:
-    """The stored form of a claim's result: None stays None, bytes are kept as they are,
-    anything else must be JSON-serialisable (``InvalidMessage`` otherwise)."""
-    if result is None:
-        return None
-    if isinstance(result, bytes | bytearray | memoryview):
-        return _BYTES + bytes(result)
-    try:
-        return _JSON + orjson.dumps(result)
-    except TypeError as exc:
-        raise InvalidMessage(
-            f"cannot store a result of type {type(result).__name__}: use bytes or a "
-            f"JSON-serialisable value ({exc})"
-        ) from exc
-
-
-def decode_result(raw: bytes | None) -> Any:
-    """The inverse of :func:`encode_result`."""
-    if raw is None:
-        return None
-    tag, payload = raw[:1], raw[1:]
-    if tag == _BYTES:
-        return payload
-    if tag == _JSON:
-        return orjson.loads(payload)
-    raise InvalidMessage(f"unknown stored result format {tag!r}")
-
 
 def _seconds(name: str, value: object) -> float:
     if (
@@ -116,28 +84,6 @@ def _seconds(name: str, value: object) -> float:
     ):
         raise InvalidOption(f"{name} must be a finite number of seconds > 0, got {value!r}")
     return float(value)
-
-
-def check_version(version: object) -> Version:
-    """A version a gate can compare: an int (64-bit), a finite float, or a timezone-aware
-    ``datetime`` (an event time, turned into seconds since the epoch)."""
-    if isinstance(version, datetime):
-        if version.tzinfo is None or version.utcoffset() is None:
-            raise InvalidOption(
-                f"an event-time version needs a timezone-aware datetime, got {version!r}"
-            )
-        return version.timestamp()
-    if isinstance(version, bool) or not isinstance(version, int | float):
-        raise InvalidOption(
-            f"a version must be an int, a float or an aware datetime, got {version!r}"
-        )
-    if isinstance(version, int):
-        if not -_INT64 <= version < _INT64:
-            raise InvalidOption(f"an integer version must fit in 64 bits, got {version!r}")
-        return version
-    if not math.isfinite(version):
-        raise InvalidOption(f"a version must be finite, got {version!r}")
-    return version
 
 
 class ClaimLost(LeaseLost):
@@ -156,35 +102,6 @@ class ClaimLost(LeaseLost):
         )
         self.lost = [key]
         self.key = key
-
-
-@dataclass(frozen=True, slots=True)
-class IdempotencyRecord:
-    """What a store holds for one key: ``state`` is ``"running"`` while a claim holds it
-    (until ``expires_at``, the end of the lease) and ``"completed"`` once done (kept until
-    ``expires_at``, the end of the ttl). ``fingerprint`` is what the claimer said the work
-    was (the HTTP middleware's request hash), ``raw`` the stored result."""
-
-    key: str
-    state: Literal["running", "completed"]
-    expires_at: float
-    fingerprint: str | None = None
-    raw: bytes | None = None
-
-    @property
-    def completed(self) -> bool:
-        """True once the work behind the key was done (and is not to be done again)."""
-        return self.state == "completed"
-
-    @property
-    def running(self) -> bool:
-        """True while a claimer holds the key."""
-        return self.state == "running"
-
-    @property
-    def result(self) -> Any:
-        """The result given to :meth:`Claim.complete` (None while running)."""
-        return decode_result(self.raw)
 
 
 class Claim:

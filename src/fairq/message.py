@@ -15,14 +15,11 @@ import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from .errors import InvalidMessage, InvalidName, InvalidOption
-
-if TYPE_CHECKING:
-    from .queue import Queue
 
 __all__ = [
     "JSON_CONTENT_TYPE",
@@ -157,6 +154,16 @@ def parse_receipt(receipt: str) -> tuple[int, int]:
         raise InvalidMessage(f"malformed receipt {receipt!r}") from exc
 
 
+class LeaseHolder(Protocol):
+    """What a :class:`Received` settles its lease through: the queue handle it came from
+    (``fairq.queue.Queue``), which speaks to the backend."""
+
+    async def _ack_one(self, receipt: str) -> None: ...
+    async def _nack(self, receipt: str, delay: float) -> None: ...
+    async def _extend_one(self, receipt: str, seconds: float) -> None: ...
+    async def _dead_letter(self, receipt: str, reason: str) -> None: ...
+
+
 @dataclass(slots=True)
 class Outgoing:
     """One message of ``Queue.send_batch`` or ``Topic.publish_batch``; the fields mirror
@@ -215,7 +222,7 @@ class Received:
         self.receipt = receipt
         self.queue = queue
         self.key = key
-        self._queue: Queue | None = None
+        self._queue: LeaseHolder | None = None
 
     def __repr__(self) -> str:
         return (
@@ -234,7 +241,7 @@ class Received:
         """Decode the body as UTF-8."""
         return self.body.decode("utf-8")
 
-    def _handle(self) -> Queue:
+    def _handle(self) -> LeaseHolder:
         if self._queue is None:
             raise InvalidOption("this message is not attached to a queue handle")
         return self._queue

@@ -644,7 +644,7 @@ async def test_status_reads_no_fan_rows(broker: fairq.Broker, backend_name: str)
     room = await room_with(broker)
     tickets = await room.join_many([f"fan-{i}" for i in range(5000)])
     await room.admit(100)
-    conn = broker.backend._conn  # type: ignore[attr-defined]
+    conn = broker.backend._writer.conn  # type: ignore[attr-defined]
     seen: list[str] = []
     conn.set_trace_callback(seen.append)
     try:

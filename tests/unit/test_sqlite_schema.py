@@ -53,7 +53,7 @@ async def test_synchronous_full(tmp_path: Path) -> None:
     async with await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}?synchronous=full") as b:
         q = await b.declare_queue("q")
         await q.send(b"x")
-        assert b.backend._conn.execute("PRAGMA synchronous").fetchone() == (2,)  # type: ignore[attr-defined]
+        assert b.backend._writer.conn.execute("PRAGMA synchronous").fetchone() == (2,)  # type: ignore[attr-defined]
 
 
 async def test_a_version_1_file_is_upgraded(tmp_path: Path) -> None:

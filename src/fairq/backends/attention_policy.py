@@ -11,8 +11,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from ..attention import DROPPING_STATES, PARKING_STATES, AttentionConfig, Plan
 from ..errors import ConfigConflict
+from ..model.attention import DROPPING_STATES, PARKING_STATES, AttentionConfig, Plan
 
 __all__ = [
     "KeyView",

@@ -17,13 +17,13 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Mapping
 
-from ..attention import AttentionConfig, AttentionStats, KeyStats, Slice
 from ..clock import Clock, ManualClock
-from ..idempotency import IdempotencyRecord, Version
 from ..message import Received
-from ..pubsub import PublishResult, Subscription, TopicConfig, TopicStats
-from ..queue import Envelope, QueueConfig, QueueStats
-from ..waitingroom import Place, RoomRecord, RoomStats, TickResult
+from ..model.attention import AttentionConfig, AttentionStats, KeyStats, Slice
+from ..model.idempotency import IdempotencyRecord, Version
+from ..model.queues import Envelope, QueueConfig, QueueStats
+from ..model.rooms import Place, RoomRecord, RoomStats, TickResult
+from ..model.topics import PublishResult, Subscription, TopicConfig, TopicStats
 
 __all__ = ["DEAD_LETTER_REASONS", "Backend", "Wakeups"]
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
 from ..draw import draw_position
-from ..waitingroom import Place, RoomConfig, RoomPhase, RoomState, RoomStats, TickResult
+from ..model.rooms import Place, RoomConfig, RoomPhase, RoomState, RoomStats, TickResult
 
 __all__ = [
     "RATE_WINDOW",

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from ..errors import InvalidOption
 from ..message import format_id
-from ..pubsub import PublishResult, Subscription, SubscriptionIndex
-from ..queue import Envelope
+from ..model.queues import Envelope
+from ..model.topics import PublishResult, Subscription, SubscriptionIndex
 
 __all__ = [
     "CopyPlan",

@@ -32,10 +32,10 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from ..attention import ATTENTION_COUNTERS, AttentionStats
 from ..broker import Broker
+from ..model.attention import ATTENTION_COUNTERS, AttentionStats
+from ..model.queues import QUEUE_COUNTERS, QueueStats
 from ..pubsub import TopicStats
-from ..queue import QUEUE_COUNTERS, QueueStats
 from ..waitingroom import RoomStats
 from .middleware import Receive, Scope, Send
 from .sampler import room_stats

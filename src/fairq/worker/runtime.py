@@ -33,6 +33,14 @@ __all__ = ["Backoff", "Handler", "Runtime", "WorkerStats"]
 
 log = logging.getLogger("fairq.worker")
 
+
+def queue_of(msg: Received) -> Queue:
+    """The queue handle a received message settles its lease through."""
+    q = msg._handle()
+    assert isinstance(q, Queue), q
+    return q
+
+
 Handler = Callable[[Received], Any]
 
 
@@ -437,7 +445,7 @@ class Runtime:
         """Release messages a slice leased but will not start (not counted as attempts)."""
         if msgs:
             try:
-                lost = await msgs[0]._handle().release_batch([m.receipt for m in msgs])
+                lost = await queue_of(msgs[0]).release_batch([m.receipt for m in msgs])
                 self.stats.released += len(msgs) - len(lost)
             except Exception as exc:
                 log.warning("could not give back %d message(s): %s", len(msgs), exc)
@@ -507,7 +515,7 @@ class Runtime:
             for name, runs in due.items():
                 lease = runs[0].consumer.lease
                 try:
-                    q = runs[0].msg._handle()
+                    q = queue_of(runs[0].msg)
                     lost = set(await q.extend_batch([r.msg.receipt for r in runs], lease))
                 except Exception:
                     log.warning("could not extend leases on %s", name, exc_info=True)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from ..attention import Slice
 from ..errors import FairqError, InvalidOption, LeaseLost
 from ..message import Received, check_name
-from .runtime import Backoff, Handler, Runtime, _Consumer, _Running, _SliceRun
+from .runtime import Backoff, Handler, Runtime, _Consumer, _Running, _SliceRun, queue_of
 
 log = logging.getLogger("fairq.worker")
 
@@ -191,7 +191,7 @@ class SliceRuntime(Runtime):
     async def _ack_all(self, done: list[Received]) -> None:
         if not done:
             return
-        q = done[0]._handle()
+        q = queue_of(done[0])
         try:
             await q.ack_batch([m.receipt for m in done])
         except LeaseLost as exc:

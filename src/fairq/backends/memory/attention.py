@@ -14,7 +14,10 @@ import secrets
 from collections import deque
 from dataclasses import dataclass, field
 
-from ...attention import (
+from ...clock import Clock
+from ...errors import AttentionNotFound, InvalidOption, LeaseLost
+from ...message import Received, id_time
+from ...model.attention import (
     ATTENTION_COUNTERS,
     AttentionConfig,
     AttentionStats,
@@ -22,10 +25,7 @@ from ...attention import (
     Plan,
     Slice,
 )
-from ...clock import Clock
-from ...errors import AttentionNotFound, InvalidOption, LeaseLost
-from ...message import Received, id_time
-from ...queue import Envelope, QueueConfig
+from ...model.queues import Envelope, QueueConfig
 from ..attention_policy import (
     KeyView,
     check_change,
@@ -248,7 +248,7 @@ class MemoryAttention(MemoryQueues):
         name = d.config.queue_for(domain, key)
         q = self._queues.get(name)
         if q is None:
-            from ...broker import queue_config_from_options
+            from ...model.queues import queue_config_from_options
 
             config: QueueConfig = queue_config_from_options(name, dict(d.config.queue_options))
             await self.declare_queue(name, config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...clock import Clock
-from ...idempotency import IdempotencyRecord, Version
+from ...model.idempotency import IdempotencyRecord, Version
 from .queues import MemoryQueues
 
 __all__ = ["MemoryIdempotency"]

@@ -22,7 +22,7 @@ from ...errors import (
     QueueNotFound,
 )
 from ...message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
-from ...queue import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
+from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..base import Backend
 from ..rules import (
     DedupPlan,

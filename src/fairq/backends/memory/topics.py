@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 from ...clock import Clock
 from ...errors import ConfigConflict, TopicNotFound
-from ...pubsub import PublishResult, Subscription, SubscriptionIndex, TopicConfig, TopicStats
-from ...queue import Envelope, QueueConfig
+from ...model.queues import Envelope, QueueConfig
+from ...model.topics import PublishResult, Subscription, SubscriptionIndex, TopicConfig, TopicStats
 from ..rules import plan_dedup, publish_plan, publish_results
 from .queues import MemoryQueues
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ...clock import Clock
 from ...errors import RoomNotFound
-from ...waitingroom import Place, RoomConfig, RoomRecord, RoomStats, TickResult
+from ...model.rooms import Place, RoomConfig, RoomRecord, RoomStats, TickResult
 from .. import room_policy as policy
 from ..room_policy import RoomRow
 from .queues import MemoryQueues

@@ -14,7 +14,9 @@ from typing import Any
 
 import orjson
 
-from ...attention import (
+from ...errors import InvalidOption, LeaseLost
+from ...message import Received
+from ...model.attention import (
     ATTENTION_COUNTERS,
     AttentionConfig,
     AttentionStats,
@@ -22,9 +24,7 @@ from ...attention import (
     Plan,
     Slice,
 )
-from ...errors import InvalidOption, LeaseLost
-from ...message import Received
-from ...queue import Envelope
+from ...model.queues import Envelope
 from ..attention_policy import (
     KeyView,
     check_change,
@@ -268,7 +268,7 @@ def publish(t: Txn, domain: str, key: str, envs: list[Envelope]) -> list[str]:
         )
     name = d.config.queue_for(domain, key)
     if t.find(name) is None:
-        from ...broker import queue_config_from_options
+        from ...model.queues import queue_config_from_options
 
         queues.declare_queue(t, name, queue_config_from_options(name, dict(d.config.queue_options)))
     ids = queues.send(t, name, envs)

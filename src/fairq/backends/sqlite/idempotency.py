@@ -11,7 +11,7 @@ keeping only a greater one.
 
 from __future__ import annotations
 
-from ...idempotency import IdempotencyRecord, Version
+from ...model.idempotency import IdempotencyRecord, Version
 from .txn import Txn
 
 RUNNING, COMPLETED = 0, 1

@@ -15,7 +15,7 @@ import orjson
 
 from ...errors import QueueFull
 from ...message import Received, format_id, id_time, parse_receipt
-from ...queue import QueueConfig
+from ...model.queues import QueueConfig
 from ..rules import (
     CopyPlan,
     dead_letter_attributes,

@@ -13,7 +13,7 @@ import orjson
 
 from ...errors import LeaseLost
 from ...message import Received
-from ...queue import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
+from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..rules import (
     check_priorities,
     plan_dedup,

@@ -11,8 +11,8 @@ from __future__ import annotations
 import orjson
 
 from ...errors import ConfigConflict
-from ...pubsub import PublishResult, Subscription, TopicConfig, TopicStats
-from ...queue import Envelope, QueueConfig
+from ...model.queues import Envelope, QueueConfig
+from ...model.topics import PublishResult, Subscription, TopicConfig, TopicStats
 from ..rules import plan_dedup, publish_plan, publish_results
 from . import messages, queues
 from .txn import Txn

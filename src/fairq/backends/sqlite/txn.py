@@ -18,11 +18,11 @@ from typing import Any
 
 import orjson
 
-from ...attention import AttentionConfig
 from ...errors import AttentionNotFound, FairqError, QueueNotFound, TopicNotFound
 from ...message import next_id_base
-from ...pubsub import Subscription, SubscriptionIndex, TopicConfig
-from ...queue import QueueConfig
+from ...model.attention import AttentionConfig
+from ...model.queues import QueueConfig
+from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
 SCHEMA_VERSION = 6
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit

@@ -18,7 +18,7 @@ from typing import Any
 import orjson
 
 from ...errors import RoomNotFound
-from ...waitingroom import Place, RoomConfig, RoomRecord, RoomStats, TickResult
+from ...model.rooms import Place, RoomConfig, RoomRecord, RoomStats, TickResult
 from .. import room_policy as policy
 from ..room_policy import ROW_FIELDS, RoomRow
 from .txn import Txn, chunks, marks

@@ -1,0 +1,383 @@
+"""The one connection of a :class:`SQLiteBackend` that writes, and its group commit.
+
+Operations run on the event loop's thread, grouped: everything asked for during one
+pass of the loop runs in ONE ``BEGIN IMMEDIATE`` transaction, each operation under its
+own savepoint, so sixteen tasks sending one message each share a commit instead of
+paying sixteen; adjacent sends (receives, acks) to one queue even run as one operation.
+The connection never waits on SQLite's lock: when another process holds the write lock,
+the batch is retried a moment later without blocking the loop (up to ``busy_timeout``).
+
+WAL checkpoints (copying the log back into the database file, with an fsync) run on a
+background thread with a connection of its own, never on the loop, so a send does not
+stall behind one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sqlite3
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ...clock import Clock
+from ...errors import BackendError, ConnectionError, FairqError
+from ...message import Received
+from ..base import Wakeups
+from . import messages
+from . import queues as store
+from .txn import Store, Txn, apply_schema
+
+__all__ = ["Writer", "engine_error"]
+
+log = logging.getLogger("fairq.sqlite")
+T = TypeVar("T")
+_MAX_BATCH = 512
+_DEDUP_CLEANUP_EVERY = 60.0
+_RETRY_FIRST = 0.0005
+_RETRY_MAX = 0.02
+_CHECKPOINT_EVERY = 0.1  # seconds between passive checkpoints on the background thread
+
+Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
+
+
+def engine_error(exc: BaseException) -> BaseException:
+    if isinstance(exc, FairqError | asyncio.CancelledError):
+        return exc
+    if isinstance(exc, sqlite3.Error):
+        err = BackendError(f"sqlite: {exc}")
+        err.__cause__ = exc
+        return err
+    return exc
+
+
+def _is_busy(exc: sqlite3.OperationalError) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(exc) or "busy" in str(exc)
+
+
+_MERGEABLE = (store.send, store.receive, store.ack)
+
+
+def _merge(batch: list[Job]) -> list[list[Job]]:
+    """Split a batch into units: runs of adjacent sends (or receives with one lease length,
+    or acks with distinct receipts) to the same queue, and single jobs."""
+    units: list[list[Job]] = []
+    for job in batch:
+        fn, args, _ = job
+        if units and fn in _MERGEABLE:
+            last = units[-1]
+            pfn, pargs, _ = last[0]
+            if pfn is fn and pargs[0] == args[0]:
+                if fn is store.send:
+                    last.append(job)
+                    continue
+                if fn is store.receive and pargs[2] == args[2]:
+                    last.append(job)
+                    continue
+                if fn is store.ack:
+                    seen = {r for _, a, _ in last for r in a[1]}
+                    if seen.isdisjoint(args[1]):
+                        last.append(job)
+                        continue
+        units.append([job])
+    return units
+
+
+class Writer:
+    """The write connection of one backend: open/close, the checkpointer thread, and
+    :meth:`call`, which runs ``fn(txn, *args)`` in the next group commit."""
+
+    def __init__(
+        self,
+        path: str,
+        synchronous: str,
+        busy_timeout: float,
+        clock: Clock,
+        wakeups: Wakeups,
+    ) -> None:
+        self.path = path
+        self.clock = clock
+        self.wakeups = wakeups
+        self._synchronous = synchronous
+        self._busy_timeout = busy_timeout
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._store = Store()
+        self.conn: sqlite3.Connection | None = None
+        self._pending: list[Job] = []
+        self._scheduled = False
+        self._busy_since: float | None = None
+        self._retry_delay = _RETRY_FIRST
+        self._last_dedup_cleanup = 0.0
+        self._checkpointer: threading.Thread | None = None
+        self._stop_checkpoints = threading.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def _connect(self, busy_ms: int) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, isolation_level=None, timeout=busy_ms / 1000, check_same_thread=False
+        )
+        conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {self._synchronous}")
+        conn.execute("PRAGMA temp_store = MEMORY")
+        conn.execute("PRAGMA cache_size = -32000")
+        return conn
+
+    async def open(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        try:
+            # schema set-up may wait for another process: do it off the loop, with waiting
+            self.conn = await asyncio.to_thread(self._open_conn)
+        except (sqlite3.Error, OSError, FairqError) as exc:
+            where = Path(self.path)
+            hint = (
+                ""
+                if where.parent.exists()
+                else f" (directory {str(where.parent)!r} does not exist)"
+            )
+            raise ConnectionError(f"cannot open sqlite:///{self.path}{hint}: {exc}") from exc
+        self.conn.execute("PRAGMA busy_timeout = 0")  # from now on: retried off the loop
+        self.conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
+        self._checkpointer = threading.Thread(
+            target=self._checkpoint_loop, name=f"fairq-checkpoint:{self.path}", daemon=True
+        )
+        self._checkpointer.start()
+
+    def _checkpoint_loop(self) -> None:
+        """Copy the WAL back into the database now and then, off the event loop. PASSIVE
+        never blocks writers or readers; it does what it can and tries again later."""
+        try:
+            conn = self._connect(1000)
+        except sqlite3.Error:
+            log.warning(
+                "no checkpoint connection; SQLite's own checkpoints take over", exc_info=True
+            )
+            if self.conn is not None and self._loop is not None:
+                self._loop.call_soon_threadsafe(self._autocheckpoint)
+            return
+        try:
+            while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY):
+                try:
+                    conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                except sqlite3.Error as exc:
+                    log.debug("checkpoint skipped: %s", exc)
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+        except sqlite3.Error:
+            pass
+        finally:
+            conn.close()
+
+    def _autocheckpoint(self) -> None:
+        if self.conn is not None:
+            self.conn.execute("PRAGMA wal_autocheckpoint = 1000")
+
+    def _open_conn(self) -> sqlite3.Connection:
+        conn = self._connect(int(self._busy_timeout * 1000))
+        try:
+            apply_schema(conn)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    async def close(self) -> None:
+        if self._pending and self.conn is not None:
+            self._flush()
+        conn, self.conn = self.conn, None
+        if self._checkpointer is not None:
+            self._stop_checkpoints.set()
+            await asyncio.to_thread(self._checkpointer.join, 5)
+            self._checkpointer = None
+        for _, _, fut in self._pending:
+            if not fut.done():
+                fut.set_exception(BackendError("the sqlite backend is closed"))
+        self._pending = []
+        if conn is not None:
+            conn.close()
+
+    # -- group commit ----------------------------------------------------------------------
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        loop = self._loop
+        if self.conn is None or loop is None:
+            raise BackendError("the sqlite backend is closed")
+        fut: asyncio.Future[T] = loop.create_future()
+        self._pending.append((fn, args, fut))
+        if not self._scheduled:
+            if not getattr(loop, "_ready", True) and len(self._pending) == 1:
+                # nothing else is ready to run in this pass of the loop, so nothing could
+                # join this transaction: run it now instead of one loop pass later
+                self._flush()
+            else:
+                self._scheduled = True
+                loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        conn = self.conn
+        if conn is None or not self._pending:
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError as exc:
+            if _is_busy(exc):
+                self._wait_for_lock(exc)
+            else:
+                self._fail_pending(exc)
+            return
+        self._busy_since = None
+        self._retry_delay = _RETRY_FIRST
+        batch = self._pending[:_MAX_BATCH]
+        del self._pending[:_MAX_BATCH]
+        self._run_batch(conn, batch)
+        if self._pending and not self._scheduled:
+            self._scheduled = True
+            assert self._loop is not None
+            self._loop.call_soon(self._flush)
+
+    def _wait_for_lock(self, exc: sqlite3.OperationalError) -> None:
+        """Another process holds the write lock: try again soon, without blocking the loop."""
+        loop = self._loop
+        assert loop is not None
+        now = loop.time()
+        if self._busy_since is None:
+            self._busy_since = now
+        elif now - self._busy_since > self._busy_timeout:
+            self._busy_since = None
+            self._fail_pending(exc)
+            return
+        self._scheduled = True
+        loop.call_later(self._retry_delay, self._flush)
+        self._retry_delay = min(self._retry_delay * 2, _RETRY_MAX)
+
+    def _fail_pending(self, exc: BaseException) -> None:
+        err = engine_error(exc)
+        pending, self._pending = self._pending, []
+        for _, _, fut in pending:
+            if not fut.done():
+                fut.set_exception(err)
+
+    def _run_batch(self, conn: sqlite3.Connection, batch: list[Job]) -> None:
+        """Run ``batch`` in the transaction just begun, then commit and hand out results."""
+        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]] = []
+        units = _merge(batch)
+        single = len(units) == 1 and len(units[0]) == 1
+        try:
+            t = Txn(self._store, conn, self.clock.now())
+            messages.sweep(t)
+            t.op_done()
+            if t.now - self._last_dedup_cleanup > _DEDUP_CLEANUP_EVERY:
+                self._last_dedup_cleanup = t.now
+                store.drop_expired_dedup(t)
+            for unit in units:
+                if single:
+                    fn, args, fut = unit[0]
+                    value = fn(t, *args)  # a failure rolls back the whole transaction
+                    t.op_done()
+                    results.append((fut, value, None))
+                elif len(unit) == 1 or not self._run_merged(t, unit, results):
+                    for job in unit:
+                        self._run_one(t, job, results)
+            t.finish()
+            conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._store.forget()
+            if not isinstance(exc, FairqError):
+                log.warning("sqlite transaction failed: %s", exc)
+            err = engine_error(exc)
+            self._resolve([(fut, None, err) for _, _, fut in batch], set())
+            return
+        self._resolve(results, t.notify)
+
+    def _run_one(
+        self, t: Txn, job: Job, results: list[tuple[asyncio.Future[Any], Any, BaseException | None]]
+    ) -> None:
+        fn, args, fut = job
+        conn = t.conn
+        conn.execute("SAVEPOINT op")
+        try:
+            value = fn(t, *args)
+            t.op_done()
+        except Exception as exc:
+            if not conn.in_transaction:
+                raise
+            conn.execute("ROLLBACK TO op")
+            conn.execute("RELEASE op")
+            t.op_failed()
+            results.append((fut, None, engine_error(exc)))
+        else:
+            conn.execute("RELEASE op")
+            results.append((fut, value, None))
+
+    def _run_merged(
+        self,
+        t: Txn,
+        unit: list[Job],
+        results: list[tuple[asyncio.Future[Any], Any, BaseException | None]],
+    ) -> bool:
+        """Run same-kind jobs on one queue as ONE operation (one insert, one counter update);
+        False (and nothing changed) if it fails, so each can run alone and fail alone."""
+        fn, first_args, _ = unit[0]
+        conn = t.conn
+        conn.execute("SAVEPOINT merged")
+        try:
+            if fn is store.send:
+                envs = [e for _, args, _ in unit for e in args[1]]
+                ids = store.send(t, first_args[0], envs)
+                values: list[Any] = []
+                k = 0
+                for _, args, _ in unit:
+                    values.append(ids[k : k + len(args[1])])
+                    k += len(args[1])
+            elif fn is store.receive:
+                want = [args[1] for _, args, _ in unit]
+                got = store.receive(t, first_args[0], sum(want), first_args[2])
+                values = []
+                k = 0
+                for n in want:
+                    values.append(got[k : k + n])
+                    k += n
+            else:  # store.ack
+                receipts = [r for _, args, _ in unit for r in args[1]]
+                lost = set(store.ack(t, first_args[0], receipts))
+                values = [[r for r in args[1] if r in lost] for _, args, _ in unit]
+            t.op_done()
+        except Exception:
+            if not conn.in_transaction:
+                raise
+            conn.execute("ROLLBACK TO merged")
+            conn.execute("RELEASE merged")
+            t.op_failed()
+            return False
+        conn.execute("RELEASE merged")
+        for (_, _, fut), value in zip(unit, values, strict=True):
+            results.append((fut, value, None))
+        return True
+
+    def _resolve(
+        self, results: list[tuple[asyncio.Future[Any], Any, BaseException | None]], notify: set[str]
+    ) -> None:
+        for fut, value, exc in results:
+            if fut.cancelled():
+                if (
+                    exc is None
+                    and isinstance(value, list)
+                    and value
+                    and isinstance(value[0], Received)
+                ):
+                    # the receiver gave up while its receive ran: hand the leases back
+                    self.call(store.release, value[0].queue, [m.receipt for m in value])
+                continue
+            if exc is not None:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(value)
+        if notify:
+            self.wakeups.notify(notify)

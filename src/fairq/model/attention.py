@@ -1,0 +1,245 @@
+"""What an attention domain is, as handles and backends both see it: plans, the domain's
+options, a slice (a worker's turn on one key), key states and the counters."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from ..errors import InvalidOption
+from ..message import check_name
+from .queues import queue_config_from_options
+
+__all__ = [
+    "ATTENTION_COUNTERS",
+    "DEFAULT_PLANS",
+    "DROPPING_STATES",
+    "PARKING_STATES",
+    "RESOURCE_STATES",
+    "AttentionConfig",
+    "AttentionStats",
+    "KeyStats",
+    "Plan",
+    "ResourceState",
+    "Slice",
+]
+
+
+ResourceState = Literal["active", "paused", "maintenance", "disabled", "removed"]
+
+
+RESOURCE_STATES: tuple[ResourceState, ...] = (
+    "active",
+    "paused",
+    "maintenance",
+    "disabled",
+    "removed",
+)
+
+
+#: states whose signals are dropped (and counted); paused/maintenance park the key instead
+DROPPING_STATES = ("disabled", "removed")
+
+
+PARKING_STATES = ("paused", "maintenance")
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """How much of the workers one key may use.
+
+    ``max_concurrency`` slices of the key may run at once (1: its messages are handled one
+    at a time, in order); a slice handles at most ``max_messages`` messages and runs at most
+    ``max_time`` seconds; ``rate`` (messages per second, across all workers) with ``burst``
+    caps the key with a token bucket kept in the backend (None: no cap).
+    """
+
+    max_concurrency: int = 1
+    max_messages: int = 50
+    max_time: float = 20.0
+    rate: float | None = None
+    burst: float | None = None
+
+    def validated(self, name: str) -> Plan:
+        where = f"plan {name!r}"
+        if (
+            isinstance(self.max_concurrency, bool)
+            or not isinstance(self.max_concurrency, int)
+            or (self.max_concurrency < 1)
+        ):
+            raise InvalidOption(f"{where}: max_concurrency must be an integer >= 1")
+        if (
+            isinstance(self.max_messages, bool)
+            or not isinstance(self.max_messages, int)
+            or (self.max_messages < 1)
+        ):
+            raise InvalidOption(f"{where}: max_messages must be an integer >= 1")
+        if not _positive(self.max_time):
+            raise InvalidOption(f"{where}: max_time must be a number of seconds > 0")
+        if self.rate is not None and not _positive(self.rate):
+            raise InvalidOption(f"{where}: rate must be messages per second > 0, or None")
+        if self.burst is not None:
+            if self.rate is None:
+                raise InvalidOption(f"{where}: burst needs a rate")
+            if not _positive(self.burst) or self.burst < 1:
+                raise InvalidOption(f"{where}: burst must be a number >= 1")
+        return self
+
+    @property
+    def bucket(self) -> float:
+        """The token bucket's size: ``burst``, else one second of ``rate`` (at least 1)."""
+        if self.rate is None:
+            return math.inf
+        return self.burst if self.burst is not None else max(1.0, self.rate)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "max_concurrency": self.max_concurrency,
+            "max_messages": self.max_messages,
+            "max_time": self.max_time,
+            "rate": self.rate,
+            "burst": self.burst,
+        }
+
+
+def _positive(x: object) -> bool:
+    return not isinstance(x, bool) and isinstance(x, int | float) and math.isfinite(x) and x > 0
+
+
+DEFAULT_PLANS = {
+    "basic": Plan(1, 50, 20.0),
+    "pro": Plan(3, 200, 20.0),
+    "enterprise": Plan(10, 1000, 20.0),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionConfig:
+    """The options of an attention domain (see ``Broker.declare_attention``)."""
+
+    plans: Mapping[str, Plan] = field(default_factory=lambda: dict(DEFAULT_PLANS))
+    default_plan: str = "basic"
+    work_queue: str = "process.{domain}.{key}.work"
+    queue_options: Mapping[str, Any] = field(default_factory=dict)
+    slice_lease: float = 30.0
+
+    def validated(self, domain: str) -> AttentionConfig:
+        if not isinstance(self.plans, Mapping) or not self.plans:
+            raise InvalidOption("plans must be a non-empty dict of name -> fairq.Plan")
+        for name, plan in self.plans.items():
+            check_name(name, "plan")
+            if not isinstance(plan, Plan):
+                raise InvalidOption(f"plan {name!r} must be a fairq.Plan, got {plan!r}")
+            plan.validated(name)
+        if self.default_plan not in self.plans:
+            raise InvalidOption(
+                f"default_plan {self.default_plan!r} is not one of the plans: "
+                f"{', '.join(self.plans)}"
+            )
+        if "{key}" not in self.work_queue:
+            raise InvalidOption("work_queue must contain {key}, e.g. 'process.{domain}.{key}.work'")
+        try:
+            check_name(self.work_queue.format(domain=domain, key="k"), "work queue")
+        except (KeyError, IndexError, ValueError) as exc:
+            raise InvalidOption(
+                f"work_queue {self.work_queue!r} may use only {{domain}} and {{key}}"
+            ) from exc
+        if not _positive(self.slice_lease):
+            raise InvalidOption("slice_lease must be a number of seconds > 0")
+        queue_config_from_options(self.queue_for(domain, "k"), dict(self.queue_options))
+        return self
+
+    def queue_for(self, domain: str, key: str) -> str:
+        """The work queue of ``key``."""
+        return self.work_queue.format(domain=domain, key=key)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "plans": {n: p.to_dict() for n, p in self.plans.items()},
+            "default_plan": self.default_plan,
+            "work_queue": self.work_queue,
+            "queue_options": dict(self.queue_options),
+            "slice_lease": self.slice_lease,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> AttentionConfig:
+        return cls(
+            plans={n: Plan(**p) for n, p in data["plans"].items()},
+            default_plan=data["default_plan"],
+            work_queue=data["work_queue"],
+            queue_options=dict(data.get("queue_options", {})),
+            slice_lease=float(data.get("slice_lease", 30.0)),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Slice:
+    """A worker's turn on one key: handle at most ``plan.max_messages`` messages of
+    ``queue`` within ``plan.max_time`` seconds, under the concurrency token ``token``."""
+
+    domain: str
+    key: str
+    queue: str
+    token: str
+    plan: Plan
+
+
+#: the counters of :class:`AttentionStats` that are plain totals, as the backends keep them
+ATTENTION_COUNTERS = (
+    "processed",
+    "republished",
+    "blocked",
+    "rate_limited",
+    "empty",
+    "parked",
+    "reconciled",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionStats:
+    """A domain's scheduling counters since it was declared.
+
+    ``signals_pending`` and ``slices`` (running now) are current; the rest are totals:
+    ``processed`` messages handled in slices, signals ``republished`` at the end of a slice
+    with backlog left, ``blocked`` by the concurrency limit, ``rate_limited`` by a key's
+    rate, ``empty`` (the queue had nothing visible), ``parked`` (paused or maintenance),
+    ``reconciled`` by the reconciler, and ``discarded`` per state (disabled, removed).
+    ``clear_time_avg`` is the mean seconds from a key's backlog appearing to its queue
+    being empty again.
+    """
+
+    signals_pending: int = 0
+    slices: int = 0
+    processed: int = 0
+    republished: int = 0
+    blocked: int = 0
+    rate_limited: int = 0
+    empty: int = 0
+    parked: int = 0
+    reconciled: int = 0
+    discarded: dict[str, int] = field(default_factory=dict)
+    clear_time_avg: float = 0.0
+    keys: int = 0
+    queue: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyStats:
+    """One key's state: its work queue's ``backlog`` (visible + delayed), ``in_flight`` and
+    ``oldest_age``, the slices running on it (``active``), its pending signals, plan,
+    state and tenant."""
+
+    key: str
+    tenant: str
+    plan: str
+    state: str
+    backlog: int
+    in_flight: int
+    oldest_age: float
+    active: int
+    pending: int
+    processed: int
