@@ -4,7 +4,8 @@
     q = await broker.declare_queue("ticket-pdf")
 
 URL schemes: ``memory://``, ``sqlite:///relative.db`` / ``sqlite:////absolute.db``
-(query options ``synchronous=normal|full``, ``busy_timeout=<seconds>``).
+(query options ``synchronous=normal|full``, ``busy_timeout=<seconds>``),
+``postgresql://user:pass@host:port/db?schema=fairq`` (see ``backends/postgres``).
 The distributed backends (``redis://``, ``postgresql://``, ``amqp://``) plug in on the
 same seam in a later release; naming one today raises ``fairq.ConnectionError``.
 """
@@ -61,7 +62,11 @@ def _open_backend(url: str, clock: Clock) -> Backend:
         if not path:
             raise ConnectionError(f"cannot open {mask_url(url)!r}: the URL names no file")
         return SQLiteBackend(path, clock, options)
-    if scheme in ("redis", "rediss", "redis+cluster", "postgresql", "postgres", "amqp", "amqps"):
+    if scheme in ("postgresql", "postgres"):
+        from .backends.postgres import PostgresBackend
+
+        return PostgresBackend(url, clock)
+    if scheme in ("redis", "rediss", "redis+cluster", "amqp", "amqps"):
         raise ConnectionError(
             f"cannot open {mask_url(url)!r}: the {scheme} backend is not part of this release "
             "yet (available: memory://, sqlite:///path.db)"

@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import fairq
-from conftest import BACKENDS, _require
+from conftest import BACKENDS, _require, drop_namespace, pg_url
 
 MAX_ATTEMPTS = 3
 LEASE = 10.0
@@ -68,7 +68,13 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="fairq-model-")
-        url = "memory://" if self.backend == "memory" else f"sqlite:///{self.dir}/m.db"
+        if self.backend == "memory":
+            url = "memory://"
+        elif self.backend == "postgres":
+            url = pg_url()
+        else:
+            url = f"sqlite:///{self.dir}/m.db"
+        self.url = url
         self.clock = fairq.ManualClock()
         self.broker = fairq.connect_sync(url, clock=self.clock)
         self.q = self.broker.declare_queue(
@@ -80,6 +86,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.broker.close()
+        drop_namespace(self.url)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @property

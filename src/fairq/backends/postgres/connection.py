@@ -1,0 +1,359 @@
+"""What a :class:`~fairq.backends.postgres.PostgresBackend` is connected with: its URL
+options, the connection pool, the caller's own connection (the outbox and inbox), and the
+translation of driver errors into fairq errors.
+
+psycopg is imported here and in the modules beside this one, nowhere else in fairq.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg.rows import tuple_row
+    from psycopg_pool import AsyncConnectionPool, PoolTimeout
+except ImportError as exc:  # pragma: no cover - depends on the extras installed
+    from ...errors import ConnectionError as _ConnectionError
+
+    raise _ConnectionError(
+        "the postgresql backend needs psycopg and psycopg-pool: pip install 'fairq[postgres]'"
+    ) from exc
+
+import orjson
+
+from ...errors import (
+    AttentionNotFound,
+    BackendError,
+    ConfigConflict,
+    ConnectionError,
+    FairqError,
+    InvalidOption,
+    LeaseLost,
+    QueueFull,
+    QueueNotFound,
+    RoomNotFound,
+    TopicNotFound,
+    Unsupported,
+)
+
+__all__ = ["Options", "Pool", "parse_url", "translate"]
+
+log = logging.getLogger("fairq.postgres")
+T = TypeVar("T")
+
+_SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,62}")
+#: SQLSTATEs that mean "run the transaction again": serialization failure, deadlock
+RETRYABLE = ("40001", "40P01")
+_RETRIES = 8
+
+
+def mask(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (also a ``password=`` option)."""
+    url = re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+    return re.sub(r"(?i)(password=)[^&\s]*", r"\1***", url)
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """The fairq options of a ``postgresql://`` URL (the rest goes to libpq)."""
+
+    conninfo: str  # what psycopg connects with: the URL without fairq's options
+    masked: str  # the URL as errors show it
+    schema: str = "fairq"
+    pool_min: int = 1
+    pool_max: int = 10
+    timeout: float = 30.0  # seconds an operation (connection wait included) may take
+    connect_timeout: float = 10.0
+    listen: bool = True  # LISTEN/NOTIFY wake-ups; off behind a transaction-mode pooler
+    poll: float = 0.25  # seconds between checks for changes when listen is off
+    prepare: bool = True  # server-side prepared statements; off behind PgBouncer
+    clock: str = "auto"  # auto: the server's clock unless a clock was injected
+    migrate: bool = True  # apply missing migrations on connect
+
+    @property
+    def channel(self) -> str:
+        return f"fairq_{self.schema}"[:63]
+
+
+def _number(options: dict[str, str], name: str, default: float, minimum: float) -> float:
+    raw = options.pop(name, None)
+    if raw is None:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidOption(f"{name} must be a number, got {raw!r}") from None
+    if value < minimum:
+        raise InvalidOption(f"{name} must be >= {minimum:g}, got {raw!r}")
+    return value
+
+
+def _flag(options: dict[str, str], name: str, default: bool) -> bool:
+    raw = options.pop(name, None)
+    if raw is None:
+        return default
+    if raw.lower() in ("1", "on", "true", "yes"):
+        return True
+    if raw.lower() in ("0", "off", "false", "no"):
+        return False
+    raise InvalidOption(f"{name} must be on or off, got {raw!r}")
+
+
+_FAIRQ_OPTIONS = (
+    "schema",
+    "pool_min",
+    "pool_max",
+    "timeout",
+    "listen",
+    "poll",
+    "prepare",
+    "clock",
+    "migrate",
+)
+
+
+def parse_url(url: str) -> Options:
+    """Split a ``postgresql://`` (or ``postgres://``) URL into libpq's part and fairq's
+    options: ``schema`` (default ``fairq``), ``pool_min``/``pool_max`` (1/10),
+    ``timeout`` (seconds, 30), ``listen`` (on), ``poll`` (0.25 s, with listen off),
+    ``prepare`` (on), ``clock`` (``auto``/``server``/``client``), ``migrate`` (on).
+    Everything else (``sslmode``, ``application_name``, ``connect_timeout`` ...) is
+    passed to libpq as it is."""
+    masked = mask(url)
+    parts = urlsplit(url)
+    options = dict(parse_qsl(parts.query, keep_blank_values=True))
+    mine = {k: options.pop(k) for k in _FAIRQ_OPTIONS if k in options}
+    schema = mine.pop("schema", "fairq")
+    if _SCHEMA.fullmatch(schema) is None:
+        raise InvalidOption(
+            f"schema must be 1-63 letters, digits or _ (not starting with a digit), got {schema!r}"
+        )
+    pool_min = int(_number(mine, "pool_min", 1, 0))
+    pool_max = int(_number(mine, "pool_max", 10, 1))
+    if pool_max < max(pool_min, 1):
+        raise InvalidOption(f"pool_max ({pool_max}) must be >= pool_min ({pool_min}) and >= 1")
+    timeout = _number(mine, "timeout", 30.0, 0.001)
+    listen = _flag(mine, "listen", True)
+    poll = _number(mine, "poll", 0.25, 0.001)
+    prepare = _flag(mine, "prepare", True)
+    migrate = _flag(mine, "migrate", True)
+    clock = mine.pop("clock", "auto").lower()
+    if clock not in ("auto", "server", "client"):
+        raise InvalidOption(f"clock must be auto, server or client, got {clock!r}")
+    connect_timeout = float(options.get("connect_timeout", "10") or 10)
+    options.setdefault("connect_timeout", str(int(max(1, connect_timeout))))
+    scheme = "postgresql"
+    conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(options), ""))
+    return Options(
+        conninfo=conninfo,
+        masked=masked,
+        schema=schema,
+        pool_min=pool_min,
+        pool_max=pool_max,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+        listen=listen,
+        poll=poll,
+        prepare=prepare,
+        clock=clock,
+        migrate=migrate,
+    )
+
+
+# -- errors --------------------------------------------------------------------------------
+def _detail(exc: psycopg.Error) -> dict[str, Any]:
+    raw = exc.diag.message_detail
+    if not raw:
+        return {}
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def translate(exc: BaseException, masked: str) -> BaseException:
+    """The fairq error for a driver error (fairq's own SQLSTATEs ``FQxxx`` included)."""
+    if isinstance(exc, FairqError | asyncio.CancelledError):
+        return exc
+    if isinstance(exc, PoolTimeout):
+        err: BaseException = ConnectionError(
+            f"postgresql at {masked}: no connection within the timeout ({exc})"
+        )
+    elif isinstance(exc, psycopg.Error):
+        state = exc.sqlstate or ""
+        primary = exc.diag.message_primary or ""
+        if state == "FQ404":
+            err = QueueNotFound(primary)
+        elif state == "FQ405":
+            err = TopicNotFound(primary)
+        elif state == "FQ406":
+            err = AttentionNotFound(primary)
+        elif state == "FQ407":
+            err = RoomNotFound(primary)
+        elif state == "FQ410":
+            err = LeaseLost(_detail(exc).get("lost", []), _detail(exc).get("detail", ""))
+        elif state == "FQ429":
+            d = _detail(exc)
+            err = QueueFull(
+                primary, int(d.get("max_length", 0)), d.get("detail", ""), d.get("overflow", "")
+            )
+        elif state == "FQ422":
+            err = InvalidOption(primary)
+        elif state == "FQ409":
+            err = ConfigConflict(primary)
+        elif state == "FQ501":
+            err = Unsupported(primary)
+        elif isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) or state.startswith(
+            ("08", "57P")
+        ):
+            err = ConnectionError(f"postgresql at {masked}: {str(exc).strip()}")
+        else:
+            err = BackendError(f"postgresql: {str(exc).strip()}")
+    else:
+        return exc
+    err.__cause__ = exc
+    return err
+
+
+# -- connections ---------------------------------------------------------------------------
+async def driver_connection(obj: object) -> psycopg.AsyncConnection[Any]:
+    """The psycopg ``AsyncConnection`` behind what a caller passed as ``connection=``: a
+    psycopg ``AsyncConnection`` itself, or a SQLAlchemy ``AsyncConnection`` or
+    ``AsyncSession`` over psycopg (its current transaction's connection)."""
+    if isinstance(obj, psycopg.AsyncConnection):
+        return obj
+    # SQLAlchemy, duck-typed (no dependency): AsyncSession.connection() -> AsyncConnection,
+    # AsyncConnection.get_raw_connection() -> a pool entry whose driver_connection is psycopg's
+    if hasattr(obj, "get_raw_connection"):
+        raw = await obj.get_raw_connection()
+        inner = getattr(raw, "driver_connection", None)
+        if isinstance(inner, psycopg.AsyncConnection):
+            return inner
+    elif hasattr(obj, "connection") and hasattr(obj, "execute") and hasattr(obj, "commit"):
+        sa_conn = await obj.connection()
+        return await driver_connection(sa_conn)
+    if isinstance(obj, psycopg.Connection):
+        raise InvalidOption(
+            "connection= takes psycopg's AsyncConnection (fairq is async); got a blocking "
+            "psycopg.Connection"
+        )
+    raise InvalidOption(
+        "connection= takes a psycopg AsyncConnection, or a SQLAlchemy AsyncConnection or "
+        f"AsyncSession over psycopg; got {type(obj).__name__}"
+    )
+
+
+Cursor = psycopg.AsyncCursor[tuple[Any, ...]]
+
+
+class Pool:
+    """The backend's connection pool and the way every operation runs: on a pooled
+    connection (autocommit, so a one-statement operation costs one round trip), or in a
+    transaction, or on the caller's connection inside the caller's transaction."""
+
+    def __init__(self, options: Options) -> None:
+        self.options = options
+        kwargs: dict[str, Any] = {"autocommit": True}
+        if not options.prepare:
+            kwargs["prepare_threshold"] = None
+        self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
+            options.conninfo,
+            min_size=options.pool_min,
+            max_size=options.pool_max,
+            kwargs=kwargs,
+            open=False,
+            timeout=options.timeout,
+            name=f"fairq:{options.schema}",
+        )
+
+    async def open(self) -> None:
+        try:
+            await self.pool.open(
+                wait=self.options.pool_min > 0, timeout=self.options.connect_timeout
+            )
+            if self.options.pool_min == 0:
+                async with self.pool.connection(timeout=self.options.connect_timeout) as conn:
+                    await conn.execute("SELECT 1")
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                await self.pool.close(timeout=0)
+            raise ConnectionError(
+                f"cannot connect to {self.options.masked}: {_reason(exc)}"
+            ) from exc
+
+    async def close(self) -> None:
+        await self.pool.close(timeout=1.0)
+
+    async def check(self) -> None:
+        """Drop idle connections that died (after the server came back)."""
+        with contextlib.suppress(Exception):
+            await self.pool.check()
+
+    def error(self, exc: BaseException) -> BaseException:
+        return translate(exc, self.options.masked)
+
+    @contextlib.asynccontextmanager
+    async def cursor(self, transaction: bool = False) -> AsyncIterator[Cursor]:
+        """A cursor on a pooled connection, in a transaction if asked."""
+        async with self.pool.connection(timeout=self.options.timeout) as conn:
+            if transaction:
+                async with conn.transaction():
+                    yield conn.cursor(row_factory=tuple_row)
+            else:
+                yield conn.cursor(row_factory=tuple_row)
+
+    async def run(
+        self,
+        fn: Callable[[Cursor], Awaitable[T]],
+        *,
+        transaction: bool = False,
+        connection: object | None = None,
+    ) -> T:
+        """Run ``fn(cursor)`` as one atomic step: in one statement (autocommit) or one
+        transaction, retried on serialization failures and deadlocks; with ``connection``,
+        inside the caller's transaction (a savepoint of it, so a failure here leaves the
+        caller's own work alone), never retried there: the caller's transaction decides."""
+        try:
+            async with asyncio.timeout(self.options.timeout):
+                if connection is not None:
+                    conn = await driver_connection(connection)
+                    if conn.closed or conn.broken:
+                        raise InvalidOption("connection= is closed")
+                    async with conn.transaction():
+                        return await fn(conn.cursor(row_factory=tuple_row))
+                for attempt in range(_RETRIES):
+                    try:
+                        async with self.cursor(transaction) as cur:
+                            return await fn(cur)
+                    except psycopg.Error as exc:
+                        if exc.sqlstate not in RETRYABLE or attempt == _RETRIES - 1:
+                            raise
+                        await asyncio.sleep(0.001 * 2**attempt)
+                raise AssertionError("unreachable")
+        except TimeoutError as exc:
+            raise ConnectionError(
+                f"postgresql at {self.options.masked}: no answer within {self.options.timeout:g} s"
+            ) from exc
+        except Exception as exc:
+            raise self.error(exc) from exc
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    cause = exc.__cause__ or exc.__context__
+    if isinstance(exc, PoolTimeout) and cause is not None:
+        text = str(cause).strip() or text
+    return mask(text)
+
+
+__all__ += ["Cursor", "driver_connection", "mask", "pg_errors"]

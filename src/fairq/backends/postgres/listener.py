@@ -1,0 +1,196 @@
+"""Wake-ups across processes: one dedicated connection per broker LISTENs on the
+schema's channel; every send, nack, release, bounded-queue ack, FIFO advance and attention
+signal NOTIFYs it (in its own transaction, so a caller's outbox wakes consumers only when
+it commits). A notification wakes the waiters of the queue it names.
+
+The channel also carries ``Topic.listen`` broadcasts (``t:`` with the messages, or ``b:``
+naming a row of ``broadcasts`` for payloads past NOTIFY's 8,000-byte limit).
+
+When the connection drops (the server restarted), the loop reconnects with backoff;
+meanwhile :meth:`changed_elsewhere` answers True at every poll, so waiters fall back to
+polling, and after the reconnect the pool's idle connections are checked and every waiter
+is woken. With ``?listen=off`` (a pooler in transaction mode, which drops LISTEN) the same
+polling is the mechanism, every ``poll`` seconds. A slow safety poll (every 5 s) covers a
+notification lost in between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import orjson
+import psycopg
+
+from ...model.queues import Envelope
+
+if TYPE_CHECKING:
+    from . import PostgresBackend
+
+__all__ = ["ORIGIN", "Listener", "encode_broadcast"]
+
+log = logging.getLogger("fairq.postgres")
+#: this process, so a broker skips its own broadcasts (its handle delivered them already)
+ORIGIN = uuid.uuid4().hex[:12]
+_SAFETY_POLL = 5.0
+_MAX_PAYLOAD = 7900
+_LISTENER_TTL = 30.0
+
+Sink = Callable[[str, Sequence[tuple[Envelope, str]]], None]
+
+
+def encode_broadcast(topic: str, items: Sequence[tuple[Envelope, str]]) -> bytes:
+    return orjson.dumps(
+        {
+            "o": ORIGIN,
+            "t": topic,
+            "m": [
+                [mid, base64.b64encode(e.body).decode(), e.attributes, e.routing_key]
+                for e, mid in items
+            ],
+        }
+    )
+
+
+class Listener:
+    """The LISTEN connection of one backend (see the module docstring)."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self.backend = backend
+        self.origin = ORIGIN
+        self.listening = False
+        self.sink: Sink | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._conn: psycopg.AsyncConnection[Any] | None = None
+        self._last_safety = time.monotonic()
+        self._ready = asyncio.Event()
+        self._fresh = False
+        self._stopping = False
+        self._topics: set[str] = set()  # topics with live local listeners (renewed rows)
+
+    def ensure_started(self) -> None:
+        """Start listening (at the first wait, so an idle broker holds one connection)."""
+        if self._task is None and not self._stopping and self.backend.options.listen:
+            self._task = asyncio.create_task(self._run(), name="fairq-postgres-listen")
+
+    async def start(self) -> None:
+        self.ensure_started()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.backend.options.connect_timeout):
+                await self._ready.wait()
+
+    async def stop(self) -> None:
+        self._stopping = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close()
+
+    def changed_elsewhere(self) -> bool:
+        self.ensure_started()
+        if not self.listening or self._fresh:
+            self._fresh = False  # just started: what came before LISTEN is looked at once
+            return True  # no notifications: poll
+        now = time.monotonic()
+        if now - self._last_safety >= _SAFETY_POLL:
+            self._last_safety = now
+            return True
+        return False
+
+    async def _run(self) -> None:
+        backend = self.backend
+        opts = backend.options
+        delay = 0.05
+        first = True
+        while not self._stopping:
+            try:
+                conn = await psycopg.AsyncConnection.connect(opts.conninfo, autocommit=True)
+                self._conn = conn
+                await conn.execute(f'LISTEN "{opts.channel}"')
+                self.listening = True
+                self._fresh = True
+                self._ready.set()
+                delay = 0.05
+                if not first:
+                    log.info("postgresql is back: wake-ups by LISTEN again")
+                    await backend.measure_clock(conn)
+                    await backend.pool.check()
+                    backend.wakeups.notify_all()
+                first = False
+                async for note in conn.notifies():
+                    await self._on_notify(note.payload)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                if self.listening:
+                    log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+                self.listening = False
+                self._ready.set()
+                backend.wakeups.notify_all()
+                with contextlib.suppress(Exception):
+                    if self._conn is not None:
+                        await self._conn.close()
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    async def _on_notify(self, payload: str) -> None:
+        kind, _, rest = payload.partition(":")
+        wakeups = self.backend.wakeups
+        if kind == "q":
+            wakeups.notify((rest,))
+        elif kind == "a":
+            wakeups.notify((f"attention:{rest}",))
+        elif kind == "t":
+            self._deliver(rest.encode())
+        elif kind == "b":
+            try:
+                data = await self._fetch_broadcast(int(rest))
+            except Exception:
+                log.debug("broadcast %s could not be read", rest, exc_info=True)
+                return
+            if data is not None:
+                self._deliver(data)
+
+    async def _fetch_broadcast(self, bid: int) -> bytes | None:
+        async def go(cur: Any) -> bytes | None:
+            await cur.execute(
+                f"SELECT payload FROM {self.backend.s}.broadcasts WHERE id = %s", (bid,)
+            )
+            row = await cur.fetchone()
+            return None if row is None else bytes(row[0])
+
+        result: bytes | None = await self.backend.pool.run(go)
+        return result
+
+    def _deliver(self, raw: bytes) -> None:
+        sink = self.sink
+        if sink is None:
+            return
+        data = orjson.loads(raw)
+        if data.get("o") == self.origin:
+            return
+        items = [
+            (Envelope(base64.b64decode(body), dict(attrs), routing_key=key), mid)
+            for mid, body, attrs, key in data["m"]
+        ]
+        sink(data["t"], items)
+
+    # -- ephemeral listeners ---------------------------------------------------------------
+    def watch(self, topic: str) -> None:
+        """A local listener of ``topic`` exists: keep a live row so publishers broadcast."""
+        self._topics.add(topic)
+
+    def unwatch(self, topic: str) -> None:
+        self._topics.discard(topic)
+
+
+__all__ += ["_LISTENER_TTL", "_MAX_PAYLOAD"]
