@@ -15,6 +15,7 @@ from . import queues  # noqa: F401
 from . import topics  # noqa: F401
 from . import attention  # noqa: F401
 from . import run  # noqa: F401
+from . import migrate  # noqa: F401
 
 # isort: on
 from .app import app, main

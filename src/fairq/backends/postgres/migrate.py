@@ -122,7 +122,7 @@ async def apply(
         return todo
 
 
-def dry_run(schema: str, channel: str, todo: list[Migration]) -> str:
+def dry_run_sql(schema: str, channel: str, todo: list[Migration]) -> str:
     """The SQL ``apply`` would run for ``todo``, as one script."""
     parts = [f"-- fairq migrations for schema {schema!r}", "BEGIN;"]
     parts += [s.as_string(None) + ";" for s in _prelude(schema)]
@@ -136,3 +136,26 @@ def dry_run(schema: str, channel: str, todo: list[Migration]) -> str:
         )
     parts.append("COMMIT;")
     return "\n".join(parts)
+
+
+async def migrate_url(url: str, dry_run: bool = False) -> tuple[list[Migration], str]:
+    """What ``fairq migrate`` does: connect to ``url`` and apply the missing migrations
+    (or, with ``dry_run``, only say which and give their SQL). Returns the migrations and
+    the SQL script (empty unless ``dry_run``)."""
+    from ...errors import ConnectionError
+    from .connection import mask, parse_url, translate
+
+    opts = parse_url(url)
+    try:
+        conn = await psycopg.AsyncConnection.connect(opts.conninfo, autocommit=True)
+    except psycopg.Error as exc:
+        raise ConnectionError(f"cannot connect to {opts.masked}: {mask(str(exc))}") from exc
+    try:
+        if dry_run:
+            todo = await pending(conn, opts.schema)
+            return todo, dry_run_sql(opts.schema, opts.channel, todo) if todo else ""
+        return await apply(conn, opts.schema, opts.channel), ""
+    except psycopg.Error as exc:
+        raise translate(exc, opts.masked) from exc
+    finally:
+        await conn.close()

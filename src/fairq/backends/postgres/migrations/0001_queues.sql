@@ -1,6 +1,6 @@
 -- fairq on PostgreSQL, migration 1: queues and messages.
--- {schema} is replaced by the quoted schema name and {channel} by the NOTIFY channel when
--- the migration is applied (see migrate.py); TABLES.md describes every table.
+-- The schema and NOTIFY channel placeholders (in braces) are filled in when a migration is
+-- applied (see migrate.py); TABLES.md describes every table.
 
 CREATE TABLE {schema}.meta (
     key   text PRIMARY KEY,
