@@ -86,18 +86,28 @@ class Attention:
         group: str | None = None,
         dedup_id: str | None = None,
         timeout: float | None = None,
+        connection: object | None = None,
     ) -> str:
         """Store a work message for ``key`` and make sure a signal for the key is pending,
         in one atomic step; return the message id. A key seen for the first time gets the
         default plan, state ``active`` and itself as tenant. Publishing to a ``removed``
-        key raises ``InvalidOption`` (``set_resource(key, state="active")`` revives it)."""
+        key raises ``InvalidOption`` (``set_resource(key, state="active")`` revives it).
+        ``connection`` (PostgreSQL): the work message and its signal are written inside the
+        caller's transaction (the outbox), so they exist only if it commits."""
         (mid,) = await self.publish_batch(
-            key, [Outgoing(body, attributes, delay, priority, group, dedup_id)], timeout=timeout
+            key,
+            [Outgoing(body, attributes, delay, priority, group, dedup_id)],
+            timeout=timeout,
+            connection=connection,
         )
         return mid
 
     async def publish_batch(
-        self, key: str, messages: Iterable[Outgoing], timeout: float | None = None
+        self,
+        key: str,
+        messages: Iterable[Outgoing],
+        timeout: float | None = None,
+        connection: object | None = None,
     ) -> list[str]:
         """Publish many work messages for one key in one atomic step."""
         check_key(key)
@@ -105,6 +115,13 @@ class Attention:
         if not envs:
             return []
         backend = self._backend
+        if connection is not None:
+            return await wait_for_room(
+                backend,
+                None,
+                timeout,
+                lambda: backend.attention_publish_in(connection, self.name, key, envs),
+            )
         return await wait_for_room(
             backend, None, timeout, lambda: backend.attention_publish(self.name, key, envs)
         )

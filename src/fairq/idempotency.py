@@ -253,7 +253,12 @@ class IdempotencyStore:
         return self.namespace
 
     async def claim(
-        self, key: str, lease: float = DEFAULT_LEASE, *, holder: str | None = None
+        self,
+        key: str,
+        lease: float = DEFAULT_LEASE,
+        *,
+        holder: str | None = None,
+        connection: object | None = None,
     ) -> Claim | None:
         """Take ``key`` for ``lease`` seconds; None if another claim holds it or it was
         completed within the ttl. Of any number of concurrent claims exactly one wins.
@@ -263,7 +268,21 @@ class IdempotencyStore:
         the holder's earlier attempt is over — a message redelivered after its worker died
         mid-work gets its key back at once instead of being taken for its own duplicate.
         Without a holder every claim is a stranger's.
+
+        ``connection`` (PostgreSQL, the inbox): the caller's psycopg ``AsyncConnection``
+        inside its transaction. The key is then recorded as *completed* (for ``ttl``) in
+        that transaction: it commits with the caller's own writes and the message's
+        ``ack(connection=...)``, or vanishes with a rollback, so the effect is applied once.
+        Other backends raise ``Unsupported``.
         """
+        if connection is not None:
+            check_key(key, "idempotency key")
+            _seconds("lease", lease)
+            token = secrets.token_hex(12) if holder is None else "holder:" + holder
+            record = await self.backend.claim_in(
+                connection, self.namespace, key, token, self.ttl, None
+            )
+            return None if record is not None else Claim(self, key, token, self.ttl)
         got = await self.try_claim(key, lease, holder=holder)
         return got if isinstance(got, Claim) else None
 

@@ -158,7 +158,7 @@ class LeaseHolder(Protocol):
     """What a :class:`Received` settles its lease through: the queue handle it came from
     (``fairq.queue.Queue``), which speaks to the backend."""
 
-    async def _ack_one(self, receipt: str) -> None: ...
+    async def _ack_one(self, receipt: str, connection: object | None = None) -> None: ...
     async def _nack(self, receipt: str, delay: float) -> None: ...
     async def _extend_one(self, receipt: str, seconds: float) -> None: ...
     async def _dead_letter(self, receipt: str, reason: str) -> None: ...
@@ -246,9 +246,13 @@ class Received:
             raise InvalidOption("this message is not attached to a queue handle")
         return self._queue
 
-    async def ack(self) -> None:
-        """Delete the message: it was handled. Raises ``LeaseLost`` if the lease is gone."""
-        await self._handle()._ack_one(self.receipt)
+    async def ack(self, connection: object | None = None) -> None:
+        """Delete the message: it was handled. Raises ``LeaseLost`` if the lease is gone.
+
+        ``connection`` (PostgreSQL): the caller's own psycopg ``AsyncConnection`` inside its
+        transaction — the ack commits with the caller's writes, or not at all (the inbox);
+        other backends raise ``Unsupported``."""
+        await self._handle()._ack_one(self.receipt, connection)
 
     async def nack(self, delay: float = 0.0) -> None:
         """Give the message back, visible again after ``delay`` seconds (or dead-lettered

@@ -231,29 +231,41 @@ class Topic:
         dedup_id: str | None = None,
         delay: float = 0.0,
         timeout: float | None = None,
+        connection: object | None = None,
     ) -> PublishResult:
         """Copy a message into every matching subscription, atomically (all or none).
 
         A repeated ``dedup_id`` within the topic's ``dedup_window`` publishes nothing and
         returns the first result. ``timeout`` bounds the wait when a subscription queue is
-        full with ``overflow="block"``.
+        full with ``overflow="block"``. ``connection`` (PostgreSQL): publish inside the
+        caller's transaction, as ``Queue.send`` does (the outbox).
         """
         (result,) = await self.publish_batch(
             [Outgoing(body, attributes, delay=delay, dedup_id=dedup_id, routing_key=routing_key)],
             timeout=timeout,
+            connection=connection,
         )
         return result
 
     async def publish_batch(
-        self, messages: Iterable[Outgoing], timeout: float | None = None
+        self,
+        messages: Iterable[Outgoing],
+        timeout: float | None = None,
+        connection: object | None = None,
     ) -> list[PublishResult]:
         """Publish many messages in one atomic step (each ``Outgoing`` may carry its own
         ``routing_key``); return one result per message."""
         envs = make_envelopes(messages, self._max_bytes, "publish_batch", topic=True)
         if not envs:
             return []
+        backend = self._backend
+        if connection is not None:
+            # the caller's transaction: listeners hear of it once it commits (by the engine)
+            return await wait_for_room(
+                backend, None, timeout, lambda: backend.publish_in(connection, self.name, envs)
+            )
         results = await wait_for_room(
-            self._backend, None, timeout, lambda: self._backend.publish(self.name, envs)
+            backend, None, timeout, lambda: backend.publish(self.name, envs)
         )
         if _HUBS:
             hub = _HUBS.get(self._backend.listen_scope())

@@ -174,6 +174,7 @@ class Queue:
         group: str | None = None,
         dedup_id: str | None = None,
         timeout: float | None = None,
+        connection: object | None = None,
     ) -> str:
         """Store one message and return its id.
 
@@ -182,30 +183,46 @@ class Queue:
         ``dedup_id`` within the queue's ``dedup_window`` stores nothing and returns the
         first message's id. On a full queue with ``overflow="block"``, waits up to
         ``timeout`` seconds (None: as long as it takes) for room.
+
+        ``connection`` (PostgreSQL): the caller's own psycopg ``AsyncConnection`` inside its
+        transaction — the outbox: consumers see the message only once that transaction
+        commits, and nothing of it remains after a rollback. Other backends raise
+        ``Unsupported``.
         """
         env = make_envelope(body, attributes, delay, priority, group, dedup_id, self._max_bytes)
-        ids = await self._send([env], timeout)
+        ids = await self._send([env], timeout, connection)
         return ids[0]
 
     async def send_batch(
-        self, messages: Iterable[Outgoing], timeout: float | None = None
+        self,
+        messages: Iterable[Outgoing],
+        timeout: float | None = None,
+        connection: object | None = None,
     ) -> list[str]:
-        """Store all messages or none (one atomic step); return their ids in order."""
+        """Store all messages or none (one atomic step); return their ids in order
+        (``connection``: in the caller's transaction, as for :meth:`send`)."""
         envs = make_envelopes(messages, self._max_bytes, "send_batch")
         if not envs:
             return []
-        return await self._send(envs, timeout)
+        return await self._send(envs, timeout, connection)
 
-    async def _send(self, envs: list[Envelope], timeout: float | None) -> list[str]:
+    async def _send(
+        self, envs: list[Envelope], timeout: float | None, connection: object | None = None
+    ) -> list[str]:
         if timeout is not None:
             check_number("timeout", timeout)
+        backend = self._backend
+        if connection is not None:
+            return await wait_for_room(
+                backend, self.name, timeout, lambda: backend.send_in(connection, self.name, envs)
+            )
         try:  # the common case: no bounded queue in the way, no wake-up token needed
-            return await self._backend.send(self.name, envs)
+            return await backend.send(self.name, envs)
         except QueueFull as full:
             if full.overflow != "block":
                 raise
         return await wait_for_room(
-            self._backend, self.name, timeout, lambda: self._backend.send(self.name, envs)
+            backend, self.name, timeout, lambda: backend.send(self.name, envs)
         )
 
     # -- receiving -------------------------------------------------------------------------
@@ -260,8 +277,15 @@ class Queue:
 
             raise LeaseLost(lost)
 
-    async def _ack_one(self, receipt: str) -> None:
-        await self.ack_batch([receipt])
+    async def _ack_one(self, receipt: str, connection: object | None = None) -> None:
+        if connection is None:
+            await self.ack_batch([receipt])
+            return
+        lost = await self._backend.ack_in(connection, self.name, [receipt])
+        if lost:
+            from .errors import LeaseLost
+
+            raise LeaseLost(lost)
 
     async def _nack(self, receipt: str, delay: float) -> None:
         delay = check_number("delay", delay)

@@ -18,6 +18,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Hashable, Iterable, Mapping
 
 from ..clock import Clock, ManualClock
+from ..errors import Unsupported
 from ..message import Received
 from ..model.attention import AttentionConfig, AttentionStats, KeyStats, Slice
 from ..model.idempotency import IdempotencyRecord, Version
@@ -469,6 +470,51 @@ class Backend(ABC):
     @abstractmethod
     async def room_stats(self, room: str) -> RoomStats:
         """The room's numbers (after expiring lapsed tokens)."""
+
+    # -- the caller's transaction (SPEC §11) ------------------------------------------------
+    # ``connection`` is the caller's own database connection, opaque here: an engine that can
+    # run a step inside the caller's transaction (PostgreSQL) overrides these, so the step
+    # commits or rolls back with the caller's own writes. The others raise ``Unsupported``.
+    def _no_transactions(self, what: str) -> Unsupported:
+        return Unsupported(
+            f"{what}(connection=...) joins the caller's database transaction, which only the "
+            f"PostgreSQL backend can do ({type(self).__name__} cannot)"
+        )
+
+    async def send_in(self, connection: object, queue: str, envelopes: list[Envelope]) -> list[str]:
+        """``send`` inside the caller's transaction (the outbox)."""
+        raise self._no_transactions("send")
+
+    async def publish_in(
+        self, connection: object, topic: str, envelopes: list[Envelope]
+    ) -> list[PublishResult]:
+        """``publish`` inside the caller's transaction."""
+        raise self._no_transactions("publish")
+
+    async def attention_publish_in(
+        self, connection: object, domain: str, key: str, envelopes: list[Envelope]
+    ) -> list[str]:
+        """``attention_publish`` inside the caller's transaction."""
+        raise self._no_transactions("Attention.publish")
+
+    async def ack_in(self, connection: object, queue: str, receipts: list[str]) -> list[str]:
+        """``ack`` inside the caller's transaction (the inbox): the lease is settled only if
+        the caller commits; a rollback leaves it as it was."""
+        raise self._no_transactions("ack")
+
+    async def claim_in(
+        self,
+        connection: object,
+        namespace: str,
+        key: str,
+        token: str,
+        ttl: float,
+        fingerprint: str | None,
+    ) -> IdempotencyRecord | None:
+        """Record ``key`` as done (for ``ttl`` seconds) inside the caller's transaction, if
+        it has no live record; else change nothing and return the live record. The record
+        commits with the caller's own writes: of concurrent claims exactly one commits."""
+        raise self._no_transactions("claim")
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

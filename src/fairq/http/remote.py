@@ -88,8 +88,13 @@ class RemoteReceived(Received):
         )
         self._remote = remote
 
-    async def ack(self) -> None:
-        """Delete the message (``LeaseLost`` if its lease is gone)."""
+    async def ack(self, connection: object | None = None) -> None:
+        """Delete the message (``LeaseLost`` if its lease is gone). Through a server there
+        is no caller's transaction to join: ``connection`` raises ``Unsupported``."""
+        if connection is not None:
+            from ..errors import Unsupported
+
+            raise Unsupported("ack(connection=...) needs the PostgreSQL backend, not a server")
         await self._remote.ack_batch([self.receipt])
 
     async def nack(self, delay: float = 0.0) -> None:

@@ -545,6 +545,40 @@ class PostgresBackend(Backend):
         result: RoomStats = await self._room(rooms.stats, room)
         return result
 
+    # -- the caller's transaction (SPEC §11) ------------------------------------------------
+    async def send_in(self, connection: object, queue: str, envelopes: list[Envelope]) -> list[str]:
+        return await self.send(queue, envelopes, connection)
+
+    async def publish_in(
+        self, connection: object, topic: str, envelopes: list[Envelope]
+    ) -> list[PublishResult]:
+        return await self.publish(topic, envelopes, connection)
+
+    async def attention_publish_in(
+        self, connection: object, domain: str, key: str, envelopes: list[Envelope]
+    ) -> list[str]:
+        return await self.attention_publish(domain, key, envelopes, connection)
+
+    async def ack_in(self, connection: object, queue: str, receipts: list[str]) -> list[str]:
+        return await self.ack(queue, receipts, connection)
+
+    async def claim_in(
+        self,
+        connection: object,
+        namespace: str,
+        key: str,
+        token: str,
+        ttl: float,
+        fingerprint: str | None,
+    ) -> IdempotencyRecord | None:
+        now = self.now()
+        return await self.pool.run(
+            lambda cur: idempotency.claim_done(
+                cur, self.s, namespace, key, token, ttl, fingerprint, now
+            ),
+            connection=connection,
+        )
+
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:
         if self._closed:

@@ -19,6 +19,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 try:
     import psycopg
     from psycopg import errors as pg_errors
+    from psycopg.pq import TransactionStatus
     from psycopg.rows import tuple_row
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the extras installed
@@ -232,9 +233,16 @@ async def driver_connection(obj: object) -> psycopg.AsyncConnection[Any]:
     ``AsyncSession`` over psycopg (its current transaction's connection)."""
     if isinstance(obj, psycopg.AsyncConnection):
         return obj
+    if isinstance(obj, psycopg.Connection):
+        raise InvalidOption(
+            "connection= takes psycopg's AsyncConnection (fairq is async); got a blocking "
+            "psycopg.Connection"
+        )
     # SQLAlchemy, duck-typed (no dependency): AsyncSession.connection() -> AsyncConnection,
     # AsyncConnection.get_raw_connection() -> a pool entry whose driver_connection is psycopg's
     if hasattr(obj, "get_raw_connection"):
+        if hasattr(obj, "in_transaction") and not obj.in_transaction():
+            await getattr(obj, "exec_driver_sql")("SELECT 1")  # noqa: B009 - SQLAlchemy autobegin
         raw = await obj.get_raw_connection()
         inner = getattr(raw, "driver_connection", None)
         if isinstance(inner, psycopg.AsyncConnection):
@@ -242,11 +250,6 @@ async def driver_connection(obj: object) -> psycopg.AsyncConnection[Any]:
     elif hasattr(obj, "connection") and hasattr(obj, "execute") and hasattr(obj, "commit"):
         sa_conn = await obj.connection()
         return await driver_connection(sa_conn)
-    if isinstance(obj, psycopg.Connection):
-        raise InvalidOption(
-            "connection= takes psycopg's AsyncConnection (fairq is async); got a blocking "
-            "psycopg.Connection"
-        )
     raise InvalidOption(
         "connection= takes a psycopg AsyncConnection, or a SQLAlchemy AsyncConnection or "
         f"AsyncSession over psycopg; got {type(obj).__name__}"
@@ -329,6 +332,15 @@ class Pool:
                     conn = await driver_connection(connection)
                     if conn.closed or conn.broken:
                         raise InvalidOption("connection= is closed")
+                    status = conn.info.transaction_status
+                    if status == TransactionStatus.INERROR:
+                        raise InvalidOption(
+                            "connection= is in a failed transaction: roll it back first"
+                        )
+                    if status == TransactionStatus.IDLE and not conn.autocommit:
+                        # the caller's implicit transaction (psycopg's default): begin it
+                        # here, so the caller's commit() or rollback() decides
+                        await conn.execute("SELECT 1")
                     async with conn.transaction():
                         return await fn(conn.cursor(row_factory=tuple_row))
                 for attempt in range(_RETRIES):

@@ -64,6 +64,35 @@ async def claim(
     return found
 
 
+async def claim_done(
+    cur: Cursor,
+    s: str,
+    namespace: str,
+    key: str,
+    token: str,
+    ttl: float,
+    fingerprint: str | None,
+    now: float,
+) -> IdempotencyRecord | None:
+    """The inbox's claim: record the key as completed (until ``now + ttl``) in the caller's
+    transaction if it has no live record; a concurrent one waits for this transaction and
+    then finds the key done (or free again after a rollback)."""
+    await cur.execute(
+        f"INSERT INTO {s}.idempotency AS i (namespace, key, token, state, fingerprint, result, "
+        "expires_at) VALUES (%s, %s, %s, 1, %s, NULL, %s) "
+        "ON CONFLICT (namespace, key) DO UPDATE SET token = excluded.token, state = 1, "
+        "fingerprint = excluded.fingerprint, result = NULL, expires_at = excluded.expires_at "
+        "WHERE i.expires_at <= %s",
+        (namespace, key, token, fingerprint, now + ttl, now),
+    )
+    if cur.rowcount == 1:
+        return None
+    found = await record(cur, s, namespace, key, now)
+    if found is None:
+        return await claim_done(cur, s, namespace, key, token, ttl, fingerprint, now)
+    return found
+
+
 async def complete_claim(
     cur: Cursor,
     s: str,
