@@ -135,6 +135,28 @@ class _Hub:
 
     def __init__(self) -> None:
         self.by_topic: dict[str, weakref.WeakSet[Listener]] = {}
+        self._seen: deque[str] = deque(maxlen=4096)  # remote publications delivered
+        self._seen_set: set[str] = set()
+
+    def listening(self, topic: str) -> bool:
+        return bool(self.by_topic.get(topic))
+
+    def deliver_once(self, topic: str, items: Sequence[tuple[Envelope, str]]) -> None:
+        """Deliver each publication once: this process's own publish delivers at once, and
+        the engine may carry the same publication back (PostgreSQL's NOTIFY reaches every
+        broker, this one's too); a publish in a caller's transaction arrives only that way,
+        at its commit."""
+        fresh = []
+        for env, message_id in items:
+            if message_id in self._seen_set:
+                continue
+            if len(self._seen) == self._seen.maxlen:
+                self._seen_set.discard(self._seen[0])
+            self._seen.append(message_id)
+            self._seen_set.add(message_id)
+            fresh.append((env, message_id))
+        if fresh:
+            self.deliver(topic, fresh)
 
     def add(self, listener: Listener) -> None:
         self.by_topic.setdefault(listener.topic, weakref.WeakSet()).add(listener)
@@ -270,7 +292,7 @@ class Topic:
         if _HUBS:
             hub = _HUBS.get(self._backend.listen_scope())
             if hub is not None and hub.by_topic.get(self.name):
-                hub.deliver(
+                hub.deliver_once(
                     self.name,
                     [
                         (e, r.message_id)
@@ -287,11 +309,15 @@ class Topic:
         buffer: int = DEFAULT_LISTEN_BUFFER,
     ) -> Listener:
         """Listen to what is published to this topic from now on (this process, memory
-        and SQLite; across processes through the server's stream endpoint).
+        and SQLite; across processes on PostgreSQL, and through the server's stream
+        endpoint).
 
         ``async for msg in topic.listen(): ...`` — at-most-once, nothing stored.
         """
-        return Listener(hub_for(self._backend), self.name, routing, filter, buffer)
+        hub = hub_for(self._backend)
+        listener = Listener(hub, self.name, routing, filter, buffer)
+        self._backend.watch_topic(self.name, hub)
+        return listener
 
     async def stats(self) -> TopicStats:
         """The topic's counters."""

@@ -15,7 +15,8 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import Protocol
 
 from ..clock import Clock, ManualClock
 from ..errors import Unsupported
@@ -26,12 +27,21 @@ from ..model.queues import Envelope, QueueConfig, QueueStats
 from ..model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ..model.topics import PublishResult, Subscription, TopicConfig, TopicStats
 
-__all__ = ["DEAD_LETTER_REASONS", "Backend", "Wakeups"]
+__all__ = ["DEAD_LETTER_REASONS", "Backend", "ListenSink", "Wakeups"]
 
 log = logging.getLogger("fairq.backends")
 
 #: the reasons a message can be dead-lettered for (attribute ``fairq.reason``)
 DEAD_LETTER_REASONS = ("max_attempts", "expired", "rejected", "overflow")
+
+
+class ListenSink(Protocol):
+    """Where a backend hands what other processes publish to this process's ephemeral
+    listeners (``Topic.listen``): the listener hub of ``fairq.pubsub``."""
+
+    def deliver_once(self, topic: str, items: Sequence[tuple[Envelope, str]]) -> None: ...
+
+    def listening(self, topic: str) -> bool: ...
 
 
 class Wakeups:
@@ -266,6 +276,11 @@ class Backend(ABC):
         """What identifies this backend's store within the process: brokers with the same
         scope share ephemeral listeners (``Topic.listen``)."""
         return id(self)
+
+    def watch_topic(self, topic: str, sink: ListenSink) -> None:  # noqa: B027 - optional
+        """A ``Topic.listen`` began in this process. An engine that carries publishes across
+        processes (PostgreSQL's NOTIFY) hands other processes' publishes of ``topic`` to
+        ``sink`` while ``sink.listening(topic)``; the others have nothing to do."""
 
     # -- attention -------------------------------------------------------------------------
     # A domain keeps, per key: plan, state, tenant, pending signals, running slices and a

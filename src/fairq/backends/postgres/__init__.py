@@ -37,7 +37,7 @@ from ...model.idempotency import IdempotencyRecord, Version
 from ...model.queues import Envelope, QueueConfig, QueueStats
 from ...model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ...model.topics import PublishResult, Subscription, TopicConfig, TopicStats
-from ..base import Backend
+from ..base import Backend, ListenSink
 from . import attention, idempotency, migrate, queues, rooms, topics
 from .connection import Cursor, Options, Pool, parse_url
 from .listener import Listener
@@ -370,8 +370,8 @@ class PostgresBackend(Backend):
     async def topic_stats(self, topic: str) -> TopicStats:
         return await self.pool.run(lambda cur: topics.topic_stats(cur, self.s, topic))
 
-    def attach_listeners(self, sink: Any) -> None:
-        self.listener.sink = sink
+    def watch_topic(self, topic: str, sink: ListenSink) -> None:
+        self.listener.watch(topic, sink)
 
     # -- attention -------------------------------------------------------------------------
     async def declare_attention(self, domain: str, config: AttentionConfig) -> None:

@@ -22,13 +22,14 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 import psycopg
 
 from ...model.queues import Envelope
+from ..base import ListenSink
 
 if TYPE_CHECKING:
     from . import PostgresBackend
@@ -41,8 +42,6 @@ ORIGIN = uuid.uuid4().hex[:12]
 _SAFETY_POLL = 5.0
 _MAX_PAYLOAD = 7900
 _LISTENER_TTL = 30.0
-
-Sink = Callable[[str, Sequence[tuple[Envelope, str]]], None]
 
 
 def encode_broadcast(topic: str, items: Sequence[tuple[Envelope, str]]) -> bytes:
@@ -65,7 +64,7 @@ class Listener:
         self.backend = backend
         self.origin = ORIGIN
         self.listening = False
-        self.sink: Sink | None = None
+        self.sinks: list[ListenSink] = []  # this process's listener hubs (one per scope)
         self._task: asyncio.Task[None] | None = None
         self._conn: psycopg.AsyncConnection[Any] | None = None
         self._last_safety = time.monotonic()
@@ -73,6 +72,9 @@ class Listener:
         self._fresh = False
         self._stopping = False
         self._topics: set[str] = set()  # topics with live local listeners (renewed rows)
+        self.session = uuid.uuid4().hex
+        self._renewer: asyncio.Task[None] | None = None
+        self._renew_now = asyncio.Event()
 
     def ensure_started(self) -> None:
         """Start listening (at the first wait, so an idle broker holds one connection)."""
@@ -87,6 +89,10 @@ class Listener:
 
     async def stop(self) -> None:
         self._stopping = True
+        if self._renewer is not None:
+            self._renewer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._renewer
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -172,25 +178,51 @@ class Listener:
         return result
 
     def _deliver(self, raw: bytes) -> None:
-        sink = self.sink
-        if sink is None:
+        if not self.sinks:
             return
         data = orjson.loads(raw)
-        if data.get("o") == self.origin:
-            return
         items = [
             (Envelope(base64.b64decode(body), dict(attrs), routing_key=key), mid)
             for mid, body, attrs, key in data["m"]
         ]
-        sink(data["t"], items)
+        for sink in self.sinks:
+            sink.deliver_once(data["t"], items)
 
     # -- ephemeral listeners ---------------------------------------------------------------
-    def watch(self, topic: str) -> None:
-        """A local listener of ``topic`` exists: keep a live row so publishers broadcast."""
+    def watch(self, topic: str, sink: ListenSink) -> None:
+        """A local listener of ``topic`` exists: keep a live row in ``listeners`` (renewed
+        while it listens) so publishers anywhere broadcast the topic's messages."""
+        if sink not in self.sinks:
+            self.sinks.append(sink)
         self._topics.add(topic)
+        self.ensure_started()
+        if self._renewer is None or self._renewer.done():
+            self._renewer = asyncio.create_task(self._renew(), name="fairq-postgres-listeners")
+        else:
+            self._renew_now.set()
 
-    def unwatch(self, topic: str) -> None:
-        self._topics.discard(topic)
+    async def _renew(self) -> None:
+        backend = self.backend
+        from .topics import renew_listeners
+
+        while not self._stopping:
+            topics = sorted(t for t in self._topics if any(s.listening(t) for s in self.sinks))
+            self._topics = set(topics)
+            until = backend.now() + _LISTENER_TTL
+
+            async def renew(cur: Any, topics: list[str] = topics, until: float = until) -> None:
+                await renew_listeners(cur, backend.s, topics, self.session, until)
+
+            try:
+                await backend.pool.run(renew)
+            except Exception:
+                log.debug("could not renew the listeners' rows", exc_info=True)
+            if not topics:
+                return
+            self._renew_now.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_LISTENER_TTL / 3):
+                    await self._renew_now.wait()
 
 
 __all__ += ["_LISTENER_TTL", "_MAX_PAYLOAD"]
