@@ -24,7 +24,7 @@ from typing import Any
 
 from ..attention import Attention, Slice
 from ..broker import Broker, connect
-from ..errors import InvalidOption, LeaseLost, Reject
+from ..errors import ConnectionError, InvalidOption, LeaseLost, Reject
 from ..idempotency import Claim, IdempotencyStore, IdempotentBy, KeyFunction
 from ..message import Received, check_name
 from ..queue import Queue
@@ -157,6 +157,7 @@ class Runtime:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._error: Exception | None = None
+        self._outage_wait = 0.0  # seconds between tries while the engine is unreachable
         self._push: _PushSettings | None = None
         self._domains: dict[str, _Consumer] = {}
         self._slices: dict[str, _SliceRun] = {}
@@ -373,9 +374,14 @@ class Runtime:
                 return
             try:
                 msgs = await q.receive(max_messages=n, visibility_timeout=c.visibility_timeout)
+            except ConnectionError as exc:  # the engine is away: keep going (SPEC §10 rule 2)
+                await self._give_slots(c, n)
+                await self._outage(exc)
+                continue
             except BaseException:
                 await self._give_slots(c, n)
                 raise
+            self._outage_wait = 0.0
             if len(msgs) < n:
                 await self._give_slots(c, n - len(msgs))
             if not msgs:
@@ -388,6 +394,16 @@ class Runtime:
                 run = _Running(c, m, until)
                 self._running[m.receipt] = run
                 run.task = asyncio.create_task(self._handle(run), name=f"fairq-handle:{m.id}")
+
+    async def _outage(self, exc: BaseException) -> None:
+        """Wait a little longer each time the engine cannot be reached (up to 1 s)."""
+        if not self._outage_wait:
+            log.warning("the backend cannot be reached (%s); retrying until it is back", exc)
+        self._outage_wait = min(1.0, max(0.05, self._outage_wait * 2))
+        assert self._stopping is not None
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._outage_wait):
+                await self._stopping.wait()
 
     async def _handle(self, run: _Running) -> None:
         c, msg = run.consumer, run.msg

@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable
 
 from ..attention import Slice
-from ..errors import FairqError, InvalidOption, LeaseLost
+from ..errors import ConnectionError, FairqError, InvalidOption, LeaseLost
 from ..message import Received, check_name
 from .runtime import Backoff, Handler, Runtime, _Consumer, _Running, _SliceRun, queue_of
 
@@ -121,6 +121,10 @@ class SliceRuntime(Runtime):
                 return
             try:
                 s = await c.attention._take(self.poll_wait)
+            except ConnectionError as exc:  # the engine is away: keep going
+                await self._give_slots(c, 1)
+                await self._outage(exc)
+                continue
             except BaseException:
                 await self._give_slots(c, 1)
                 raise

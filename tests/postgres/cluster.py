@@ -1,0 +1,115 @@
+"""A PostgreSQL cluster of the test's own, for tests that stop, kill or restart the server
+(the shared one on 5432 is never touched): initdb as the postgres user in a temporary
+directory, on a spare loopback port in 15440-15459, removed at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+BIN = Path("/usr/lib/postgresql/15/bin")
+PORTS = range(15440, 15460)
+
+
+def _as_postgres(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    cmd = " ".join(f"'{a}'" for a in args)
+    return subprocess.run(
+        ["su", "postgres", "-c", cmd], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def _free_port() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    start = int(worker[2:]) * 5 if worker[2:].isdigit() else 0
+    for port in [*PORTS[start:], *PORTS[:start]]:
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port in 15440-15459")
+
+
+class Cluster:
+    """One throw-away PostgreSQL server: start, stop, kill -9, with fsync and
+    synchronous_commit on (the defaults)."""
+
+    def __init__(self) -> None:
+        if not (BIN / "initdb").exists() or shutil.which("su") is None:
+            pytest.skip("PostgreSQL 15 binaries are not installed here")
+        self.dir = Path(tempfile.mkdtemp(prefix="fairq-pg-"))
+        self.data = self.dir / "data"
+        self.port = _free_port()
+        shutil.chown(self.dir, "postgres", "postgres")
+        done = _as_postgres(
+            str(BIN / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres", "--no-sync"
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"initdb failed: {done.stderr}")
+        conf = self.data / "postgresql.conf"
+        with conf.open("a") as f:
+            f.write(
+                f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
+                f"unix_socket_directories = '{self.dir}'\nfsync = on\n"
+                "synchronous_commit = on\nmax_connections = 50\nshared_buffers = 32MB\n"
+            )
+        self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+
+    def start(self) -> None:
+        done = _as_postgres(
+            str(BIN / "pg_ctl"),
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.dir / "log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"pg_ctl start failed: {done.stdout} {done.stderr}")
+
+    def stop(self) -> None:
+        _as_postgres(str(BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
+
+    def postmaster_pid(self) -> int:
+        return int((self.data / "postmaster.pid").read_text().split()[0])
+
+    def kill9(self) -> None:
+        """kill -9 the postmaster and its children (a crash: no shutdown checkpoint)."""
+        pid = self.postmaster_pid()
+        children = subprocess.run(
+            ["pgrep", "-P", str(pid)], capture_output=True, text=True
+        ).stdout.split()
+        os.kill(pid, signal.SIGKILL)
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(child), signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.05)
+        with contextlib.suppress(FileNotFoundError):
+            (self.data / "postmaster.pid").unlink()
+
+    def remove(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()
+        with contextlib.suppress(Exception):
+            if (self.data / "postmaster.pid").exists():
+                self.kill9()
+        shutil.rmtree(self.dir, ignore_errors=True)

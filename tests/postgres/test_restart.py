@@ -1,0 +1,163 @@
+"""SPEC §10 rule 2 on PostgreSQL, on a cluster of the test's own: while the server is
+down, operations raise ``fairq.ConnectionError`` within their timeout; once it is back the
+same broker works with no user action, a waiting consumer and a running Worker resume;
+after a kill -9 of the postmaster no send that had returned is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+import fairq
+from conftest import _require
+
+from .cluster import Cluster
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    _require("postgres")  # the binaries come with the shared server's packages
+    c = Cluster()
+    c.start()
+    try:
+        yield c
+    finally:
+        c.remove()
+
+
+def _url(cluster: Cluster, schema: str) -> str:
+    return f"{cluster.url}?schema={schema}&timeout=3&connect_timeout=2"
+
+
+async def test_restart_raises_then_recovers(cluster: Cluster) -> None:
+    async with await fairq.connect(_url(cluster, "restart")) as b:
+        q = await b.declare_queue("jobs")
+        await q.send(b"before")
+        waiting_consumer = await fairq.connect(_url(cluster, "restart"))
+        waiter = asyncio.create_task(waiting_consumer.queue("jobs").receive(wait=60))
+        (first,) = await waiter
+        assert first.body == b"before"
+        await first.ack()
+        waiter = asyncio.create_task(waiting_consumer.queue("jobs").receive(wait=60))
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(cluster.stop)
+        for op in (q.send(b"during"), q.receive(), q.stats()):
+            started = time.monotonic()
+            with pytest.raises(fairq.ConnectionError):
+                await op
+            assert time.monotonic() - started < 8, "an operation must fail within its timeout"
+        await asyncio.to_thread(cluster.start)
+        deadline = time.monotonic() + 20
+        while True:  # the first try after the restart may still meet a stale connection
+            try:
+                mid = await q.send(b"after")
+                break
+            except fairq.ConnectionError:
+                assert time.monotonic() < deadline, "the broker did not come back"
+                await asyncio.sleep(0.2)
+        assert (await q.stats()).visible == 1
+        # the long poll that was waiting when the server went away raised (it must not
+        # hang past its timeout); the same consumer broker receives again
+        assert waiter.done()
+        with pytest.raises(fairq.ConnectionError):
+            waiter.result()
+        got = await waiting_consumer.queue("jobs").receive(wait=10)
+        assert [m.id for m in got] == [mid]
+        await waiting_consumer.close()
+
+
+async def test_a_running_worker_resumes_after_a_restart(cluster: Cluster) -> None:
+    url = _url(cluster, "worker")
+    async with await fairq.connect(url) as b:
+        q = await b.declare_queue("tasks")
+        seen: list[bytes] = []
+        worker = fairq.Worker(b, concurrency=4)
+
+        @worker.queue("tasks")
+        async def handle(msg: fairq.Received) -> None:
+            seen.append(msg.body)
+
+        running = asyncio.create_task(worker.run())
+        await q.send(b"one")
+        for _ in range(100):
+            if seen:
+                break
+            await asyncio.sleep(0.05)
+        assert seen == [b"one"]
+        await asyncio.to_thread(cluster.stop)
+        await asyncio.sleep(1.0)  # the worker meets the outage
+        assert not running.done(), "the worker must keep running through an outage"
+        await asyncio.to_thread(cluster.start)
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                await q.send(b"two")
+                break
+            except fairq.ConnectionError:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+        for _ in range(400):
+            if b"two" in seen:
+                break
+            await asyncio.sleep(0.05)
+        assert b"two" in seen
+        worker.stop()
+        await asyncio.wait_for(running, 20)
+
+
+_SENDER = """
+import asyncio, sys
+import fairq
+
+async def main(url):
+    b = await fairq.connect(url)
+    q = b.queue("durable")
+    i = 0
+    while True:
+        try:
+            mid = await q.send(str(i).encode())
+        except fairq.ConnectionError:
+            break
+        print(mid, flush=True)  # printed only once the send returned
+        i += 1
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+async def test_kill9_of_the_postmaster_loses_no_returned_send(cluster: Cluster) -> None:
+    import os
+    import sys
+
+    url = _url(cluster, "durable")
+    async with await fairq.connect(url) as b:
+        await b.declare_queue("durable")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        _SENDER,
+        url,
+        stdout=asyncio.subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert proc.stdout is not None
+    returned: list[str] = []
+    while len(returned) < 300:
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line, "the sender stopped early"
+        returned.append(line.decode().strip())
+    await asyncio.to_thread(cluster.kill9)
+    rest, _ = await asyncio.wait_for(proc.communicate(), 30)
+    returned += [x for x in rest.decode().split() if x]
+    await asyncio.to_thread(cluster.start)  # crash recovery replays the WAL
+    async with await fairq.connect(url) as b:
+        q = b.queue("durable")
+        stored = {m.id for m in await q.peek(limit=10_000)}
+    missing = [m for m in returned if m not in stored]
+    assert not missing, f"{len(missing)} returned sends lost, e.g. {missing[:3]}"
+    assert len(returned) >= 300
