@@ -1,4 +1,5 @@
-"""kill -9 and restarts on the SQLite backend (SPEC §3 rule 14, issue acceptance):
+"""kill -9 and restarts on the SQLite and PostgreSQL backends (SPEC §3 rule 14, issue
+acceptance):
 
 * a consumer killed while it holds leases loses nothing: every message comes back
   after the visibility timeout;
@@ -17,11 +18,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import fairq
+from conftest import _require, drop_namespace, pg_url
 
 HERE = Path(__file__).parent
 
@@ -47,9 +50,15 @@ def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 20.0) -
     raise AssertionError(f"child never printed {prefix!r}")
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'crash.db'}"
+@pytest.fixture(params=["sqlite", "postgres"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'crash.db'}"
+        return
+    _require("postgres")
+    made = pg_url()
+    yield made
+    drop_namespace(made)
 
 
 async def test_killed_consumer_loses_nothing(url: str) -> None:
@@ -76,9 +85,20 @@ async def test_killed_consumer_loses_nothing(url: str) -> None:
         assert (s.visible, s.in_flight, s.acked, s.redelivered) == (0, 0, 200, 50)
 
 
-@pytest.mark.parametrize("sync", ["normal", "full"])
+@pytest.mark.parametrize("sync", ["normal", "full", "postgres"])
 async def test_killed_producer_batches_are_whole(tmp_path: Path, sync: str) -> None:
-    url = f"sqlite:///{tmp_path / 'p.db'}?synchronous={sync}"
+    if sync == "postgres":
+        _require("postgres")
+        url = pg_url()
+        try:
+            await _killed_producer(url)
+        finally:
+            drop_namespace(url)
+        return
+    await _killed_producer(f"sqlite:///{tmp_path / 'p.db'}?synchronous={sync}")
+
+
+async def _killed_producer(url: str) -> None:
     async with await fairq.connect(url) as broker:
         await broker.declare_queue("work")
     child = spawn("send", url, 250)
