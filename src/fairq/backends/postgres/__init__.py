@@ -78,6 +78,7 @@ class PostgresBackend(Backend):
         self.listener = Listener(self)
         self.poll_interval = self.options.poll if not self.options.listen else 1.0
         self._topics = topics.TopicCache()
+        self._acks = queues.AckCoalescer(self._ack_now)
         self._last_sweep = 0.0
         self._closed = False
 
@@ -236,10 +237,17 @@ class PostgresBackend(Backend):
     async def ack(
         self, queue: str, receipts: list[str], connection: object | None = None
     ) -> list[str]:
+        if connection is not None:
+            ids, leases = queues.receipts_arrays(receipts)
+            lost = await self._one(self.q.ack, (queue, self.now(), ids, leases), connection)
+            return queues.lost_of(lost, receipts)
+        return await self._acks.ack(queue, receipts)
+
+    async def _ack_now(self, queue: str, receipts: list[str]) -> list[str]:
+        """One ack statement for ``receipts`` (the coalescer's flush)."""
         ids, leases = queues.receipts_arrays(receipts)
-        lost = await self._one(self.q.ack, (queue, self.now(), ids, leases), connection)
-        if connection is None:
-            self._woke(queue)
+        lost = await self._one(self.q.ack, (queue, self.now(), ids, leases))
+        self._woke(queue)
         return queues.lost_of(lost, receipts)
 
     async def nack(self, queue: str, receipt: str, delay: float) -> None:

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -177,6 +179,62 @@ async def queue_config(cur: Cursor, q: Queries, name: str) -> QueueConfig | None
     await cur.execute(q.queue_row, (name,))
     row = await cur.fetchone()
     return None if row is None else QueueConfig.from_dict(row[1])
+
+
+class AckCoalescer:
+    """Acks of one queue asked for during one pass of the event loop go out as ONE ack
+    statement (a worker's handlers finishing together cost one round trip, not one each);
+    each caller still learns which of its own receipts were lost. A receipt asked twice in
+    one pass goes in a second statement, so the second ack of it is lost, as it must be."""
+
+    def __init__(self, flush: Callable[[str, list[str]], Awaitable[list[str]]]) -> None:
+        self._flush = flush
+        self._pending: dict[str, list[tuple[list[str], asyncio.Future[list[str]]]]] = {}
+        self._running: set[asyncio.Future[None]] = set()
+
+    async def ack(self, queue: str, receipts: list[str]) -> list[str]:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[list[str]] = loop.create_future()
+        waiting = self._pending.get(queue)
+        if waiting is None:
+            waiting = self._pending[queue] = []
+            loop.call_soon(self._start, queue)
+        waiting.append((receipts, fut))
+        return await fut
+
+    def _start(self, queue: str) -> None:
+        jobs = self._pending.pop(queue, [])
+        if jobs:
+            task = asyncio.ensure_future(self._run(queue, jobs))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    async def _run(
+        self, queue: str, jobs: list[tuple[list[str], asyncio.Future[list[str]]]]
+    ) -> None:
+        while jobs:
+            batch: list[tuple[list[str], asyncio.Future[list[str]]]] = []
+            seen: set[str] = set()
+            rest = []
+            for receipts, fut in jobs:
+                if seen.isdisjoint(receipts):
+                    batch.append((receipts, fut))
+                    seen.update(receipts)
+                else:
+                    rest.append((receipts, fut))
+            jobs = rest
+            try:
+                lost = set(await self._flush(queue, [r for rs, _ in batch for r in rs]))
+            except BaseException as exc:
+                for _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                if isinstance(exc, asyncio.CancelledError):
+                    raise
+                continue
+            for receipts, fut in batch:
+                if not fut.done():
+                    fut.set_result([r for r in receipts if r in lost])
 
 
 def lease_lost(receipt: str) -> LeaseLost:
