@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import fairq
-from conftest import BACKENDS, _require, drop_namespace, pg_url
+from conftest import BACKENDS, _require
+from services import drop_namespace, pg_url
 
 MAX_ATTEMPTS = 3
 LEASE = 10.0

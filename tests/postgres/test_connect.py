@@ -12,9 +12,10 @@ import psycopg
 import pytest
 
 import fairq
-from conftest import PG_SERVER, _require, drop_namespace, pg_database, pg_url
 from fairq.backends.postgres import PostgresBackend, migrate
 from fairq.backends.postgres.connection import mask, parse_url
+from services import PG_SERVER, drop_namespace, pg_database, pg_url
+from services import require as _require
 
 
 @pytest.fixture(autouse=True)

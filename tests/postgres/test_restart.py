@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 import fairq
-from conftest import _require
+from services import require as _require
 
 from .cluster import Cluster
 

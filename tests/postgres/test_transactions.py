@@ -20,7 +20,8 @@ import psycopg
 import pytest
 
 import fairq
-from conftest import PG_SERVER, _require, drop_namespace, pg_database, pg_url
+from services import PG_SERVER, drop_namespace, pg_database, pg_url
+from services import require as _require
 
 
 @pytest.fixture

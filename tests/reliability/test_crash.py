@@ -24,7 +24,8 @@ from pathlib import Path
 import pytest
 
 import fairq
-from conftest import _require, drop_namespace, pg_url
+from services import drop_namespace, pg_url
+from services import require as _require
 
 HERE = Path(__file__).parent
 
