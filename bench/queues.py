@@ -1,5 +1,7 @@
 """Queue benchmarks: fairq (SQLite backend) side by side with a raw sqlite3 queue loop,
-persist-queue's ``SQLiteAckQueue`` and huey's ``SqliteHuey`` storage, in one run.
+persist-queue's ``SQLiteAckQueue`` and huey's ``SqliteHuey`` storage, in one run
+(``--backend postgres``: fairq on PostgreSQL beside a raw psycopg loop, PGQueuer and
+procrastinate, in ``bench/queues_postgres.py``).
 
     python -m bench.queues                 # full run: N=50,000, 3 runs, 1M-deep scale test
     python -m bench.queues --quick         # N=5,000, 1 run, no scale test (under a minute)
@@ -1090,7 +1092,16 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the queue benchmarks; ``argv`` as on the command line. Returns an exit code."""
+    """Run the queue benchmarks; ``argv`` as on the command line. Returns an exit code.
+    ``--backend postgres`` runs the PostgreSQL benchmarks (``bench/queues_postgres.py``)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--backend=postgres" in args or any(
+        a == "--backend" and i + 1 < len(args) and args[i + 1] == "postgres"
+        for i, a in enumerate(args)
+    ):
+        from .queues_postgres import main as postgres_main
+
+        return postgres_main(args)
     a = parse_args(argv)
     if a.scale_consumer:
         result = asyncio.run(_scale_consume(a.scale_consumer, a.scale_count, a.scale_batch))

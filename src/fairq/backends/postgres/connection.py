@@ -79,6 +79,7 @@ class Options:
     prepare: bool = True  # server-side prepared statements; off behind PgBouncer
     clock: str = "auto"  # auto: the server's clock unless a clock was injected
     migrate: bool = True  # apply missing migrations on connect
+    durable_leases: bool = False  # leases wait for the WAL flush too (sends and acks always do)
 
     @property
     def channel(self) -> str:
@@ -119,6 +120,7 @@ _FAIRQ_OPTIONS = (
     "prepare",
     "clock",
     "migrate",
+    "durable_leases",
 )
 
 
@@ -147,6 +149,7 @@ def parse_url(url: str) -> Options:
     poll = _number(mine, "poll", 0.25, 0.001)
     prepare = _flag(mine, "prepare", True)
     migrate = _flag(mine, "migrate", True)
+    durable_leases = _flag(mine, "durable_leases", False)
     clock = mine.pop("clock", "auto").lower()
     if clock not in ("auto", "server", "client"):
         raise InvalidOption(f"clock must be auto, server or client, got {clock!r}")
@@ -167,6 +170,7 @@ def parse_url(url: str) -> Options:
         prepare=prepare,
         clock=clock,
         migrate=migrate,
+        durable_leases=durable_leases,
     )
 
 
@@ -269,6 +273,8 @@ class Pool:
         kwargs: dict[str, Any] = {"autocommit": True}
         if not options.prepare:
             kwargs["prepare_threshold"] = None
+        if options.durable_leases:
+            kwargs["options"] = "-c fairq.durable_leases=on"
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             options.conninfo,
             min_size=options.pool_min,

@@ -431,7 +431,10 @@ BEGIN
     RETURN answer;
 END $$;
 
--- lease up to n visible messages in delivery order (expired and exhausted ones move on)
+-- lease up to n visible messages in delivery order. Past-retention messages are moved
+-- first (a primary-key probe says whether there are any) and leases that ran out at their
+-- last attempt by sweep_final, so the common case is ONE statement: pick the candidates
+-- (SKIP LOCKED), lease them, return them; a leftover exhausted one is moved, and we go on
 CREATE FUNCTION {schema}.receive(qname text, now float8, n int, vt float8)
 RETURNS TABLE (id bigint, body bytea, attrs text, attempt int, priority smallint, grp text,
                lease bigint, ord int)
@@ -439,64 +442,58 @@ LANGUAGE plpgsql AS $$
 DECLARE
     q {schema}.queues := {schema}.queue(qname);
     token bigint := ((random() * 4611686018427387903)::bigint) | 1;
-    until float8;
-    cutoff bigint;
+    until float8 := now + coalesce(vt, q.visibility_timeout);
+    cutoff bigint := floor((now - q.retention) * 1000)::bigint << 16;
     got int := 0;
-    r record;
-    good bigint[];
-    stale bigint[];
+    leased int;
     dead bigint[];
-    again int;
-    seen int;
 BEGIN
+    -- a lease need not wait for the WAL flush: a server crash that forgets it makes the
+    -- message visible again, as if the lease had run out (at-least-once holds; the
+    -- consumer's ack then finds its lease gone). ?durable_leases=on waits for the flush.
+    IF coalesce(current_setting('fairq.durable_leases', true), '') <> 'on' THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     PERFORM {schema}.sweep_final(now);
-    until := now + coalesce(vt, q.visibility_timeout);
-    cutoff := floor((now - q.retention) * 1000)::bigint << 16;
+    IF EXISTS (SELECT 1 FROM {schema}.messages m WHERE m.queue_id = q.id AND m.id < cutoff) THEN
+        PERFORM {schema}.expire_old(q, now);
+    END IF;
     LOOP
-        good := '{}'; stale := '{}'; dead := '{}'; again := 0; seen := 0;
-        FOR r IN
-            SELECT m.id, m.attempt, m.lease FROM {schema}.messages m
+        RETURN QUERY
+        WITH picked AS (
+            SELECT m.id FROM {schema}.messages m
             WHERE m.queue_id = q.id AND NOT m.blocked AND m.avail_at <= now
+              AND NOT (m.lease IS NOT NULL AND m.attempt >= coalesce(q.max_attempts, 2147483647))
             ORDER BY m.priority DESC, m.avail_at, m.id
             LIMIT n - got FOR UPDATE SKIP LOCKED
-        LOOP
-            seen := seen + 1;
-            IF r.lease IS NOT NULL AND q.max_attempts IS NOT NULL
-               AND r.attempt >= q.max_attempts THEN
-                dead := dead || r.id;
-            ELSIF r.id < cutoff THEN
-                stale := stale || r.id;
-            ELSE
-                good := good || r.id;
-                IF r.attempt > 0 THEN
-                    again := again + 1;
-                END IF;
-            END IF;
-        END LOOP;
-        IF cardinality(dead) > 0 THEN
-            PERFORM {schema}.dead_letter_rows(q, dead, 'max_attempts', NULL, now);
-        END IF;
-        IF cardinality(stale) > 0 THEN
-            PERFORM {schema}.dead_letter_rows(q, stale, 'expired', NULL, now);
-        END IF;
-        IF cardinality(good) > 0 THEN
-            RETURN QUERY
-            WITH u AS (
-                UPDATE {schema}.messages m
-                SET avail_at = until, attempt = m.attempt + 1, lease = token,
-                    final = (q.max_attempts IS NOT NULL AND m.attempt + 1 >= q.max_attempts)
-                FROM unnest(good) WITH ORDINALITY AS g(id, o)
-                WHERE m.queue_id = q.id AND m.id = g.id
-                RETURNING m.id, m.body, m.attrs::text, m.attempt, m.priority, m.grp, token,
-                          (got + g.o)::int
-            ) SELECT * FROM u;
-            got := got + cardinality(good);
-            IF again > 0 THEN
-                PERFORM {schema}.bump(q.id, redelivered => again);
-            END IF;
-        END IF;
-        EXIT WHEN got >= n OR seen < n - (got - cardinality(good))
-                  OR cardinality(dead) + cardinality(stale) = 0;
+        ), c AS (
+            SELECT p.id, (row_number() OVER ())::int AS o FROM picked p
+        ), u AS (
+            UPDATE {schema}.messages m
+            SET avail_at = until, attempt = m.attempt + 1, lease = token,
+                final = (q.max_attempts IS NOT NULL AND m.attempt + 1 >= q.max_attempts)
+            FROM c WHERE m.queue_id = q.id AND m.id = c.id
+            RETURNING m.id, m.body, m.attrs::text AS attrs, m.attempt, m.priority, m.grp,
+                      c.o
+        ), redelivered AS (  -- always runs (it writes), in the same statement
+            INSERT INTO {schema}.counts AS k (queue_id, shard, redelivered)
+            SELECT q.id, pg_backend_pid() % 8, count(*) FROM u WHERE u.attempt > 1
+            HAVING count(*) > 0
+            ON CONFLICT (queue_id, shard) DO UPDATE
+                SET redelivered = k.redelivered + excluded.redelivered
+        )
+        SELECT u.id, u.body, u.attrs, u.attempt, u.priority, u.grp, token, got + u.o FROM u;
+        GET DIAGNOSTICS leased = ROW_COUNT;
+        got := got + leased;
+        EXIT WHEN got >= n OR q.max_attempts IS NULL;
+        -- fewer than asked: an exhausted lease in the way (its sweep_final not yet run)?
+        dead := ARRAY(
+            SELECT m.id FROM {schema}.messages m
+            WHERE m.queue_id = q.id AND NOT m.blocked AND m.avail_at <= now
+              AND m.lease IS NOT NULL AND m.attempt >= q.max_attempts
+            ORDER BY m.id LIMIT 100 FOR UPDATE SKIP LOCKED);
+        EXIT WHEN cardinality(dead) = 0;
+        PERFORM {schema}.dead_letter_rows(q, dead, 'max_attempts', NULL, now);
     END LOOP;
 END $$;
 
@@ -744,3 +741,25 @@ BEGIN
     GET DIAGNOSTICS k = ROW_COUNT;
     RETURN k;
 END $$;
+
+-- A queue's table churns faster than ANALYZE can follow: statistics taken when it was
+-- empty make the planner sort every visible message after a bitmap scan instead of walking
+-- messages_ready in order, or hash-join a whole queue to find 100 receipts. These
+-- functions only ever want index walks and nested loops over the primary key, so they say
+-- so; and no JIT, which costs more than these statements ever run (measured: receive of
+-- 100 from a 10,000-deep queue 8.8 ms -> 1.3 ms; ack of 100, 4.3 ms -> under 1 ms).
+ALTER FUNCTION {schema}.receive(text, float8, int, float8)
+    SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+    SET jit = off;
+ALTER FUNCTION {schema}.ack(text, float8, bigint[], bigint[])
+    SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+    SET jit = off;
+ALTER FUNCTION {schema}.extend(text, float8, bigint[], bigint[], float8)
+    SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+    SET jit = off;
+ALTER FUNCTION {schema}.release(text, float8, bigint[], bigint[])
+    SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
+    SET jit = off;
+ALTER FUNCTION {schema}.send(text, float8, bytea[], jsonb[], float8[], int[], text[], text[])
+    SET jit = off;
+ALTER FUNCTION {schema}.next_due(text[], float8) SET enable_bitmapscan = off SET jit = off;
