@@ -491,6 +491,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--soak", action="store_true", help="run the soak instead (bench.soak)")
     p.add_argument("--soak-minutes", type=float, default=20.0)
     p.add_argument("--hold-minutes", type=float, default=2.0)
+    p.add_argument("--own-cluster", action="store_true", help="soak on a cluster of its own")
     p.add_argument("--json", type=Path)
     return p.parse_args(argv)
 

@@ -36,6 +36,8 @@ def test_url_options_are_split_from_libpq_ones() -> None:
     assert "sslmode=require" in opts.conninfo and "schema" not in opts.conninfo
     assert "s3cret" not in opts.masked and "app:***@" in opts.masked
     assert opts.channel == "fairq_jobs"
+    assert not opts.durable_leases
+    assert parse_url("postgresql://u@h/db?durable_leases=on").durable_leases
 
 
 @pytest.mark.parametrize(
@@ -227,3 +229,25 @@ def test_fairq_migrate_command(tmp_path: object) -> None:
         assert "up to date" in again.stdout
     finally:
         drop_namespace(url)
+
+
+async def test_durable_leases_option_reaches_the_sessions() -> None:
+    for flag, want in (("on", "on"), ("off", "")):
+        url = pg_url(durable_leases=flag)
+        try:
+            async with await fairq.connect(url, clock=fairq.ManualClock()) as b:
+                q = await b.declare_queue("d")
+                await q.send(b"x")
+                (m,) = await q.receive()
+                await m.ack()
+                backend = b.backend
+                assert isinstance(backend, PostgresBackend)
+
+                async def show(cur: object) -> str:
+                    await cur.execute("SELECT current_setting('fairq.durable_leases', true)")  # type: ignore[attr-defined]
+                    row = await cur.fetchone()  # type: ignore[attr-defined]
+                    return str(row[0] or "")
+
+                assert await backend.pool.run(show) == want
+        finally:
+            drop_namespace(url)

@@ -106,6 +106,14 @@ class PostgresBackend(Backend):
                         " run `fairq migrate`"
                     )
             await self.measure_clock(conn)
+            cur = await conn.execute("SELECT current_setting('autovacuum')")
+            row = await cur.fetchone()
+            if row is not None and row[0] != "on":
+                log.warning(
+                    "autovacuum is off on %s: acked messages leave dead rows that nothing "
+                    "removes; fairq's tables will grow until someone runs VACUUM",
+                    opts.masked,
+                )
         except psycopg.Error as exc:
             raise self.pool.error(exc) from exc
         finally:
