@@ -381,6 +381,8 @@ class PostgresBackend(Backend):
         )
         if connection is None:
             self._woke(*touched)
+            if any(e.dedup_id is not None for e in envelopes):
+                await self._maybe_sweep()
         return results
 
     async def topic_stats(self, topic: str) -> TopicStats:
