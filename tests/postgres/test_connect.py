@@ -251,3 +251,29 @@ async def test_durable_leases_option_reaches_the_sessions() -> None:
                 assert await backend.pool.run(show) == want
         finally:
             drop_namespace(url)
+
+
+async def test_without_listen_waiters_poll_as_a_pooler_needs() -> None:
+    """``?listen=off&prepare=off`` (PgBouncer in transaction mode): no LISTEN connection,
+    no prepared statements; a waiting receiver in another broker still sees a send within
+    a poll or two."""
+    url = pg_url(listen="off", prepare="off", poll="0.05")
+    try:
+        async with await fairq.connect(url) as a, await fairq.connect(url) as b:
+            q = await a.declare_queue("polled")
+            waiting = asyncio.create_task(b.queue("polled").receive(wait=5))
+            await asyncio.sleep(0.3)
+            sent = time.monotonic()
+            await q.send(b"x")
+            got = await asyncio.wait_for(waiting, 5)
+            assert [m.body for m in got] == [b"x"]
+            assert time.monotonic() - sent < 0.5
+            backend = b.backend
+            assert isinstance(backend, PostgresBackend)
+            assert not backend.listener.listening and backend.listener._task is None
+            for _ in range(10):  # past psycopg's prepare threshold: nothing is prepared
+                await q.send(b"y")
+                (m,) = await q.receive()
+                await m.ack()
+    finally:
+        drop_namespace(url)
