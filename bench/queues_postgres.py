@@ -58,6 +58,7 @@ RAW, FAIRQ, FAIRQ_WORKER, PGQ, PROC = (
     "procrastinate",
 )
 PEERS = (PGQ, PROC)
+PGQ_WORKERS, PGQ_BATCH = 4, 10  # as in PGQueuer's own benchmark (5 x 10 there)
 SEND, RECV, E2E, WORKER, LAT = "send", "receive+ack", "end to end", "worker", "latency"
 
 
@@ -229,7 +230,6 @@ async def pgq_phases(db: str, bodies: list[bytes]) -> tuple[Measured, Measured]:
     from pgqueuer import QueueManager
     from pgqueuer.models import Job
     from pgqueuer.queries import Queries
-    from pgqueuer.types import QueueExecutionMode
 
     conn, queries = await _pgq_queries(db)
     try:
@@ -238,30 +238,42 @@ async def pgq_phases(db: str, bodies: list[bytes]) -> tuple[Measured, Measured]:
             chunk = bodies[i : i + BATCH]
             await queries.enqueue(["noop"] * len(chunk), list(chunk), [0] * len(chunk))
         send = time.perf_counter() - t0
-        wconn = await psycopg.AsyncConnection.connect(db, autocommit=True)
-        qm = QueueManager(Queries.from_psycopg_connection(wconn))
+        # as PGQueuer's own benchmark runs it: several QueueManagers (a connection each)
+        conns = [
+            await psycopg.AsyncConnection.connect(db, autocommit=True) for _ in range(PGQ_WORKERS)
+        ]
+        managers = [QueueManager(Queries.from_psycopg_connection(c)) for c in conns]
         count = 0
 
-        @qm.entrypoint("noop")
-        async def noop(job: Job) -> None:
-            nonlocal count
-            count += 1
-            if count >= len(bodies):
-                qm.shutdown.set()
+        def register(qm: Any) -> None:
+            @qm.entrypoint("noop")
+            async def noop(job: Job) -> None:
+                nonlocal count
+                count += 1
+                if count >= len(bodies):
+                    for m in managers:
+                        m.shutdown.set()
 
+        for qm in managers:
+            register(qm)
         t0 = time.perf_counter()
-        await qm.run(
-            batch_size=BATCH, mode=QueueExecutionMode.drain, dequeue_timeout=timedelta(seconds=1)
+        await asyncio.gather(
+            *(qm.run(batch_size=PGQ_BATCH, dequeue_timeout=timedelta(seconds=1)) for qm in managers)
         )
         recv = time.perf_counter() - t0
-        await wconn.close()
+        for c in conns:
+            await c.close()
         assert count >= len(bodies), count
         await queries.uninstall()
     finally:
         await conn.close()
     return (
         Measured(len(bodies), send, note="enqueue(lists of 100)"),
-        Measured(len(bodies), recv, note="QueueManager.run(batch_size=100, drain), no-op"),
+        Measured(
+            len(bodies),
+            recv,
+            note=f"{PGQ_WORKERS} QueueManagers, run(batch_size={PGQ_BATCH}), no-op entrypoint",
+        ),
     )
 
 

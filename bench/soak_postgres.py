@@ -58,16 +58,27 @@ async def _sizes(conn: psycopg.AsyncConnection[Any]) -> dict[str, float]:
 
 
 class OwnCluster:
-    """A PostgreSQL cluster of the soak's own (initdb as the postgres user, port 15450,
+    """A PostgreSQL cluster of the soak's own (initdb as the postgres user, a port in 15450-59,
     the packaged defaults: autovacuum on, fsync and synchronous_commit on), so the soak
     measures what a stock server does whatever the shared server is configured to do."""
 
     BIN = Path("/usr/lib/postgresql/15/bin")
 
-    def __init__(self, port: int = 15450) -> None:
+    def __init__(self) -> None:
         import shutil
+        import socket
         import subprocess
         import tempfile
+
+        for port in range(15450, 15460):  # this project's spare ports
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                break
+        else:
+            raise RuntimeError("no free port in 15450-15459")
 
         self.dir = Path(tempfile.mkdtemp(prefix="fairq-soak-"))
         shutil.chown(self.dir, "postgres", "postgres")
