@@ -18,6 +18,7 @@ from .app import (
     app,
     console,
     err_console,
+    fail,
 )
 
 
@@ -55,11 +56,8 @@ def serve(
     try:
         from ..http.serve import ServeOptions, prepare
         from ..http.serve import serve as run_server
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        err_console.print(
-            f"[red]error:[/red] fairq serve needs: pip install 'fairq[server]' ({exc})"
-        )
-        raise typer.Exit(2) from None
+    except ImportError as exc:  # depends on the install
+        fail(f"fairq serve needs: pip install 'fairq[server]' ({exc})", 2)
     options = ServeOptions(
         url=url,
         host=host,
