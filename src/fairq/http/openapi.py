@@ -29,7 +29,7 @@ _STATUS_TEXT = {
     400: "Malformed request (bad JSON, bad name or receipt)",
     401: "No API key, or an unknown one",
     403: "The API key lacks the scope",
-    404: "No such queue, topic, domain, subscription, key or route",
+    404: "No such queue, topic, domain, subscription, key, room or route",
     409: "Conflicts with the current state (lease lost, option that cannot change)",
     413: "Request body or message too large",
     422: "Well-formed but not acceptable (schema, option or filter)",
@@ -46,6 +46,8 @@ _TAGS = {
     "queues": "Durable work queues: send, receive under a lease, ack, dead letters.",
     "topics": "Publish/subscribe: subscriptions are queues; streams are ephemeral.",
     "attention": "Attention domains: fair on-demand consumption of many per-key queues.",
+    "rooms": "Waiting rooms: set-up and admission control, and fans joined by your app.",
+    "idempotency": "Idempotency keys (claim, complete, release) and version gates.",
     "dashboard": "What the dashboard shows: the sampler's rates and history.",
     "server": "Health and metrics.",
 }
@@ -55,8 +57,9 @@ def _query_parameters(query: type) -> list[dict[str, Any]]:
     schema = msgspec.json.schema(query)
     defs = schema.get("$defs", {})
     body = defs.get(query.__name__, schema)
+    required = set(body.get("required", ()))
     return [
-        {"name": name, "in": "query", "required": False, "schema": prop}
+        {"name": name, "in": "query", "required": name in required, "schema": prop}
         for name, prop in body.get("properties", {}).items()
     ]
 
@@ -181,7 +184,8 @@ def openapi(limits: Limits | None = None, auth: bool = False) -> dict[str, Any]:
             "title": "fairq",
             "version": __version__,
             "description": (
-                "The REST API of `fairq serve`: queues, topics and attention domains. "
+                "The REST API of `fairq serve`: queues, topics, attention domains, waiting "
+                "rooms, idempotency keys and version gates. "
                 'Errors are `{"error": code, "detail": text}`; codes: '
                 + ", ".join(
                     f"`{c}` ({s})"
