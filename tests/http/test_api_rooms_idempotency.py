@@ -280,3 +280,99 @@ async def test_scopes_of_the_new_operations() -> None:
         )
         assert await call(RECEIVER, "POST", "/v1/versions/ns/e/advance", {"version": 1}) == 200
         assert (await s.http.get("/v1/rooms")).status_code == 401
+
+
+# -- the Idempotency-Key header on sends and publishes -----------------------------------------
+def _send(text: str) -> dict[str, Any]:
+    return {"messages": [{"body": text}]}
+
+
+async def test_a_repeated_send_is_replayed_not_stored_twice(app: Server) -> None:
+    api = app.http
+    ok(await api.put("/v1/queues/jobs", json={}))
+    key = {"Idempotency-Key": "order-7731-send"}
+    first = await api.post("/v1/queues/jobs/messages", json=_send("pdf"), headers=key)
+    again = await api.post("/v1/queues/jobs/messages", json=_send("pdf"), headers=key)
+    assert ok(first) == ok(again) and "idempotent-replayed" not in first.headers
+    assert again.headers["idempotent-replayed"] == "true"
+    assert (await app.broker.queue("jobs").stats()).sent == 1
+    other = await api.post("/v1/queues/jobs/messages", json=_send("other"), headers=key)
+    assert (other.status_code, other.json()["error"]) == (422, "idempotency_key_reused")
+    elsewhere = await api.post("/v1/queues/jobs.dlq/messages", json=_send("pdf"), headers=key)
+    assert elsewhere.status_code == 422  # another path is another request
+    # without the header every send runs
+    ok(await api.post("/v1/queues/jobs/messages", json=_send("pdf")))
+    assert (await app.broker.queue("jobs").stats()).sent == 2
+    bad = await api.post(
+        "/v1/queues/jobs/messages", json=_send("pdf"), headers={"Idempotency-Key": "a b"}
+    )
+    assert (bad.status_code, bad.json()["error"]) == (400, "idempotency_key_invalid")
+    assert bad.headers["content-type"] == "application/problem+json"
+
+
+async def test_a_repeated_publish_is_replayed(app: Server) -> None:
+    api = app.http
+    ok(await api.put("/v1/topics/orders", json={}))
+    ok(await api.put("/v1/topics/orders/subscriptions/sms", json={}))
+    key = {"Idempotency-Key": "evt-1"}
+    body = {"messages": [{"body": {"order": 1}, "routing_key": "order.new"}]}
+    first = ok(await api.post("/v1/topics/orders/messages", json=body, headers=key))
+    r = await api.post("/v1/topics/orders/messages", json=body, headers=key)
+    assert ok(r) == first and r.headers["idempotent-replayed"] == "true"
+    assert (await app.broker.queue("orders.sms").stats()).visible == 1
+
+
+async def test_a_repeat_while_the_first_runs_is_409_and_a_full_queue_is_not_kept() -> None:
+    async with serving() as s:  # the real clock: a blocked send waits for room
+        api = s.http
+        ok(await api.put("/v1/queues/tight", json={"max_length": 1, "overflow": "block"}))
+        ok(await api.post("/v1/queues/tight/messages", json=_send("first")))
+        key = {"Idempotency-Key": "blocked-1"}
+        body = {**_send("second"), "timeout": 5.0}
+        # two identical requests at once: one claims the key and waits for room in the
+        # queue, the other is told at once that the first is still running
+        both = {
+            asyncio.create_task(api.post("/v1/queues/tight/messages", json=body, headers=key))
+            for _ in range(2)
+        }
+        done, pending = await asyncio.wait(both, timeout=4, return_when=asyncio.FIRST_COMPLETED)
+        assert len(done) == 1 and len(pending) == 1
+        r = done.pop().result()
+        assert (r.status_code, r.json()["error"]) == (409, "idempotency_key_in_use")
+        assert r.headers["retry-after"] == "1"
+        (msg,) = await s.broker.queue("tight").receive()
+        await msg.ack()  # room again: the blocked send goes through
+        first = await pending.pop()
+        replay = await api.post("/v1/queues/tight/messages", json=body, headers=key)
+        assert ok(replay) == ok(first) and replay.headers["idempotent-replayed"] == "true"
+
+        # 429 stored nothing, so a retry with the same key runs again
+        ok(await api.put("/v1/queues/tight", json={"max_length": 1, "overflow": "reject"}))
+        key = {"Idempotency-Key": "full-1"}
+        r = await api.post("/v1/queues/tight/messages", json=_send("third"), headers=key)
+        assert r.status_code == 429
+        (msg,) = await s.broker.queue("tight").receive()
+        await msg.ack()
+        r = await api.post("/v1/queues/tight/messages", json=_send("third"), headers=key)
+        assert ok(r)["ids"] and "idempotent-replayed" not in r.headers
+
+
+async def test_keys_belong_to_the_api_key_that_sent_them() -> None:
+    async with serving(keys=KeyRing.parse(KEYS)) as s:
+        api = s.http
+
+        def auth(key: str) -> dict[str, str]:
+            return {"Authorization": f"Bearer {key}", "Idempotency-Key": "shared-1"}
+
+        ok(await api.put("/v1/queues/jobs", json={}, headers={"Authorization": f"Bearer {ADMIN}"}))
+        # refused before the key is looked at: it stays free for the real request
+        path = "/v1/queues/jobs/messages"
+        nobody = {"Idempotency-Key": "shared-1"}
+        assert (await api.post(path, json=_send("x"), headers=nobody)).status_code == 401
+        assert (await api.post(path, json=_send("x"), headers=auth(RECEIVER))).status_code == 403
+        a = await api.post("/v1/queues/jobs/messages", json=_send("x"), headers=auth(SENDER))
+        b = await api.post("/v1/queues/jobs/messages", json=_send("x"), headers=auth(BOTH))
+        assert ok(a) != ok(b) and "idempotent-replayed" not in b.headers
+        c = await api.post("/v1/queues/jobs/messages", json=_send("x"), headers=auth(SENDER))
+        assert ok(c) == ok(a) and c.headers["idempotent-replayed"] == "true"
+        assert (await s.broker.queue("jobs").stats()).sent == 2

@@ -102,6 +102,7 @@ class Route:
     status: int = 200
     errors: tuple[int, ...] = ()
     stream: bool = False  # text/event-stream
+    idempotent: bool = False  # honours Idempotency-Key (api_idempotency.IdempotentCall)
     description: str = ""
 
     @property
@@ -481,7 +482,7 @@ ROUTES: tuple[Route, ...] = (
           "Delete a queue and its messages", delete_queue, status=204, errors=(400, 404)),
     Route("POST", "/v1/queues/{queue}/messages", "sendMessages", Q, "send",
           "Send a batch of messages (all or none)", send, body=m.SendRequest, response=m.Ids,
-          errors=(400, 404, 409, 413, 422, 429),
+          errors=(400, 404, 409, 413, 422, 429), idempotent=True,
           description="Answers the ids in order (a deduplicated message: the first id). "
           "429 when a bounded queue is full."),
     Route("GET", "/v1/queues/{queue}/messages", "peekMessages", Q, "receive",
@@ -539,7 +540,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/topics/{topic}/messages", "publishMessages", T, "send",
           "Publish a batch of messages to every matching subscription (all or none)",
           publish, body=m.PublishRequest, response=m.Published,
-          errors=(400, 404, 409, 413, 422, 429)),
+          errors=(400, 404, 409, 413, 422, 429), idempotent=True),
     Route("GET", "/v1/topics/{topic}/stream", "streamTopic", T, "receive",
           "Listen live (Server-Sent Events): what is published from now on, at most once",
           stream, query=m.StreamQuery, stream=True, errors=E_Q,

@@ -12,21 +12,30 @@ stored one, atomically. Each call is one call of :class:`fairq.IdempotencyStore`
 Results travel as JSON: any JSON value, or raw bytes as a base64 string with
 ``"encoding": "base64"`` (a result stored as bytes is read back that way, as are the
 responses the ``Idempotency-Key`` header keeps).
+
+:class:`IdempotentCall` puts ``POST /v1/queues/{queue}/messages`` and ``POST
+/v1/topics/{topic}/messages`` (the routes marked ``idempotent``) under
+:class:`~fairq.http.IdempotencyMiddleware` when a request carries ``Idempotency-Key``:
+the same middleware, not a second implementation, once the request is authenticated.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from msgspec import Meta, Struct
+from starlette.requests import Request as StarletteRequest
+from starlette.responses import Response
 
 from ..errors import InvalidMessage
 from ..idempotency import DEFAULT_LEASE, Claim, IdempotencyRecord, IdempotencyStore
 from ..message import check_key
 from .errors import ApiError
+from .middleware import IdempotencyMiddleware, Receive, Scope, Send
 from .models import PositiveSeconds, Request
 
 if TYPE_CHECKING:
@@ -39,6 +48,7 @@ __all__ = [
     "ClaimResult",
     "CompleteRequest",
     "ExtendClaimRequest",
+    "IdempotentCall",
     "KeyRecord",
     "Released",
     "TokenRequest",
@@ -226,3 +236,52 @@ async def current(c: Call) -> VersionInfo:
     if version is None:
         raise ApiError(404, "not_found", f"entity {entity!r} has no version in {gate.name!r}")
     return VersionInfo(namespace=gate.name, entity=entity, version=version)
+
+
+# -- the Idempotency-Key header on /v1 sends and publishes ------------------------------------
+#: where the header's keys are kept, and for how long (a repeat within it is replayed)
+HEADER_NAMESPACE = "fairq.http"
+HEADER_TTL = 86_400.0
+_INSIDE = "fairq.idempotency_key"  # scope mark: this request already holds its key
+#: answers not kept, so that a retry with the key runs again: a full queue (429) and a
+#: failing engine (503) stored nothing, the send being atomic
+_NOT_KEPT = frozenset((429, 503))
+
+
+class IdempotentCall(Response):
+    """The answer of a route with ``idempotent=True`` to a request carrying an
+    ``Idempotency-Key``: when Starlette sends it, the endpoint runs again inside
+    :class:`~fairq.http.IdempotencyMiddleware` (SPEC §7) — the first request runs and its
+    answer is kept, a repeat gets it replayed with ``Idempotent-Replayed: true``, a repeat
+    still running gets 409 and another request with the key 422. Keys belong to the
+    caller (``owner``, the API key's label), so no client replays another's answer."""
+
+    def __init__(
+        self,
+        request: StarletteRequest,
+        owner: str,
+        endpoint: Callable[[StarletteRequest], Awaitable[Response]],
+    ) -> None:
+        super().__init__(status_code=200)
+        self._broker = request.app.state.fairq.broker
+        self._owner = owner
+        self._endpoint = endpoint
+
+    @staticmethod
+    def wanted(request: StarletteRequest) -> bool:
+        """True if the request carries the header and is not yet run by the middleware."""
+        return "idempotency-key" in request.headers and not request.scope.get(_INSIDE)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def run(scope: Scope, receive: Receive, send: Send) -> None:
+            scope[_INSIDE] = True
+            response = await self._endpoint(StarletteRequest(scope, receive))
+            await response(scope, receive, send)
+
+        middleware = IdempotencyMiddleware(
+            run,
+            self._broker.idempotency(HEADER_NAMESPACE, HEADER_TTL),
+            partition=lambda _scope: self._owner,
+            store_response=lambda status: status not in _NOT_KEPT,
+        )
+        await middleware(scope, receive, send)

@@ -39,6 +39,7 @@ from ..broker import Broker, connect
 from ..errors import FairqError
 from . import api
 from . import models as m
+from .api_idempotency import IdempotentCall
 from .auth import COOKIE, KeyRing, require
 from .errors import ApiError, error_for
 from .metrics import Metrics, RequestTimer
@@ -87,6 +88,8 @@ def endpoint(route: api.Route, keys: KeyRing) -> Callable[[Request], Awaitable[R
                 principal = keys.authenticate(request.headers, request.cookies)
                 require(principal, route.scope)
                 _check_cookie_request(request, keys)
+                if route.idempotent and IdempotentCall.wanted(request):
+                    return IdempotentCall(request, principal.label, handle)
             call = api.Call(request, _state(request), dict(request.path_params))
             if decoder is not None:
                 raw = await request.body()

@@ -53,6 +53,23 @@ _TAGS = {
 }
 
 
+_IDEMPOTENCY_KEY: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "a unique value per operation (a UUID fits), repeated on every retry",
+    "schema": {"type": "string", "pattern": m.KEY_PATTERN},
+}
+_IDEMPOTENT_TEXT = (
+    "With an `Idempotency-Key` header (SPEC §7) the first request runs and its answer is "
+    "kept for 24 h (except a 429 or 503, which stored nothing): a repeat with the same "
+    "key and the same request (method, path, body) gets that answer again with "
+    "`Idempotent-Replayed: true`; the same key with a different request answers 422 "
+    "`idempotency_key_reused`, and while the first still runs 409 `idempotency_key_in_use` "
+    "(with `Retry-After`). Keys belong to the API key that sent them."
+)
+
+
 def _query_parameters(query: type) -> list[dict[str, Any]]:
     schema = msgspec.json.schema(query)
     defs = schema.get("$defs", {})
@@ -84,10 +101,14 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
         )
     if route.query is not None:
         params.extend(_query_parameters(route.query))
+    if route.idempotent:
+        params.append(_IDEMPOTENCY_KEY)
     scope = {"read": "any valid key", "public": "none, no key needed"}.get(
         route.scope, f"`{route.scope}` (or `admin`)"
     )
     description = route.description
+    if route.idempotent:
+        description = f"{description}\n\n{_IDEMPOTENT_TEXT}".strip()
     if auth:
         description = f"{description}\n\nScope: {scope}.".strip()
     op: dict[str, Any] = {
@@ -135,11 +156,20 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
             "description": _STATUS_TEXT[route.status],
             "content": {media: {"schema": schema}},
         }
-    for status in sorted(errors):
-        responses[str(status)] = {
-            "description": _STATUS_TEXT[status],
-            "content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}},
+    if route.idempotent:
+        responses[str(route.status)]["headers"] = {
+            "Idempotent-Replayed": {
+                "description": "`true` on a replayed answer",
+                "schema": {"type": "string", "enum": ["true"]},
+            }
         }
+    error = {"schema": {"$ref": _REF.format(name="Error")}}
+    for status in sorted(errors):
+        content = {"application/json": error}
+        if route.idempotent and status in (400, 409, 422):
+            # the middleware's answers about the key are problem details (RFC 9457)
+            content["application/problem+json"] = error
+        responses[str(status)] = {"description": _STATUS_TEXT[status], "content": content}
     op["responses"] = responses
     if auth:
         op["security"] = [{"bearer": []}, {"apiKey": []}] if secured else []
