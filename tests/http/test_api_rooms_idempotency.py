@@ -376,3 +376,26 @@ async def test_keys_belong_to_the_api_key_that_sent_them() -> None:
         c = await api.post("/v1/queues/jobs/messages", json=_send("x"), headers=auth(SENDER))
         assert ok(c) == ok(a) and c.headers["idempotent-replayed"] == "true"
         assert (await s.broker.queue("jobs").stats()).sent == 2
+
+
+async def test_with_workers_the_server_admits_at_the_room_rate() -> None:
+    async with serving(workers=True) as s:  # the real clock: the admitter ticks
+        api = s.http
+        ok(await api.put("/v1/rooms/ev-done", json={}))
+        ok(await api.post("/v1/rooms/ev-done/sold-out"))
+        ok(await api.put("/v1/rooms/ev-88", json={"admit_rate": 20}))
+        tickets = [
+            ok(await api.post("/v1/rooms/ev-88/join", json={"fan": f"fan-{i}"}))["ticket"]
+            for i in range(3)
+        ]
+        for _ in range(200):
+            states = [
+                ok(await api.get("/v1/rooms/ev-88/status", params={"ticket": t}))["state"]
+                for t in tickets
+            ]
+            if states == ["admitted"] * 3:
+                break
+            await asyncio.sleep(0.05)
+        assert states == ["admitted"] * 3
+        assert ok(await api.get("/v1/rooms/ev-88"))["admitter"] is not None
+        assert ok(await api.get("/v1/rooms/ev-done"))["admitter"] is None

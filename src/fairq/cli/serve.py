@@ -34,7 +34,8 @@ def serve(
         bool,
         typer.Option(
             "--workers/--no-workers",
-            help="Also deliver push subscriptions and run the attention reconcilers here.",
+            help="Also deliver push subscriptions and run the attention reconcilers and "
+            "the waiting rooms' admitters here.",
         ),
     ] = False,
     max_batch: Annotated[int, typer.Option(help="Most messages per request.")] = 100,
@@ -83,6 +84,6 @@ def serve(
         f"fairq serve: dashboard [bold]http://{shown}:{port}/[/bold] · API /v1 · "
         f"/openapi.json · /metrics — backend {backend} · "
         + ("API keys on" if keys.enabled else "no API keys (loopback only)")
-        + (" · push deliveries and reconcilers on" if workers else "")
+        + (" · push deliveries, reconcilers and admitters on" if workers else "")
     )
     run_server(options)

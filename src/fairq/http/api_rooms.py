@@ -12,11 +12,15 @@ library without ``secret=``) keeps a generated key in the backend, so any proces
 a room your app created with its own ``secret=`` is unknown to the server's keys, and
 those three answer ``422``. Everything else — stats, admitting, the rate, sold out,
 close, delete — needs no key and goes straight to the backend's atomic steps, so it
-works on every room.
+works on every room. With ``--workers`` the server also runs the rooms' admitters
+(:func:`run_admitters`), so a room made over HTTP admits at its rate with no other process.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 from typing import TYPE_CHECKING, Annotated, Any
 
 from msgspec import UNSET, Meta, Struct, UnsetType
@@ -24,12 +28,13 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 # the server mounts waiting rooms: without PyJWT it fails at start, naming the extra,
 # instead of answering 500 at the first join
 from .. import tokens as _tokens  # noqa: F401
-from ..errors import RoomNotFound
+from ..errors import FairqError, InvalidOption, RoomNotFound
 from ..message import check_name
 from ..waitingroom import RoomStats, Status, Ticket, WaitingRoom
 from .models import MAX_INT, Key, PositiveSeconds, PrefixQuery, Query, Request
 
 if TYPE_CHECKING:
+    from ..broker import Broker
     from .api import Call
 
 __all__ = [
@@ -43,7 +48,10 @@ __all__ = [
     "SoldOut",
     "StatusQuery",
     "VerifyRequest",
+    "run_admitters",
 ]
+
+log = logging.getLogger("fairq.http")
 
 Rate = Annotated[float, Meta(ge=0, le=1e9, description="fans admitted per second")]
 #: a ticket as a room hands it out: ``<arrival number>.<MAC>.<fan id>``
@@ -191,3 +199,37 @@ async def close(c: Call) -> RoomStats:
     name = _name(c)
     await c.broker.backend.room_close(name)
     return await c.broker.backend.room_stats(name)
+
+
+# -- the admitters of `fairq serve --workers` ---------------------------------------------------
+async def run_admitters(broker: Broker, rescan: float = 5.0) -> None:
+    """Run :meth:`WaitingRoom.run_admitter` for every room that is not sold out or closed,
+    looking for new rooms every ``rescan`` seconds, until cancelled. Every process may run
+    this: one admitter per room holds its lease and admits, the others stand by. A room
+    made with a ``secret=`` the server does not know is left to its own processes."""
+    running: dict[str, asyncio.Task[None]] = {}
+    try:
+        while True:
+            try:
+                for name in await broker.list_rooms():
+                    task = running.get(name)
+                    if task is not None and not task.done():
+                        continue
+                    if (await broker.backend.room_stats(name)).phase in ("sold_out", "closed"):
+                        continue
+                    try:
+                        room = await broker.room(name)
+                    except InvalidOption:  # signs with its creator's secret
+                        continue
+                    running[name] = asyncio.create_task(
+                        room.run_admitter(), name=f"fairq-admitter:{name}"
+                    )
+            except FairqError as exc:  # a room deleted meanwhile, a failing engine
+                log.warning("looking for waiting rooms to admit failed: %s", exc)
+            await asyncio.sleep(rescan)
+    finally:
+        for task in running.values():
+            task.cancel()
+        for task in running.values():
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
