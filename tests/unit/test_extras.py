@@ -10,7 +10,6 @@ wheel.
 
 from __future__ import annotations
 
-import ast
 import sys
 import tomllib
 from importlib import metadata
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from test_layers import all_imports
 from typer.testing import CliRunner
 
 import fairq
@@ -42,22 +42,6 @@ def _path(module: str) -> Path | None:
     return None
 
 
-def _imports(module: str, path: Path) -> set[str]:
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            target = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                target = ".".join([*parts, target] if target else parts)
-            found.add(target)
-            found.update(f"{target}.{a.name}" for a in node.names)
-    return found
-
-
 def third_party_imports(roots: tuple[str, ...]) -> dict[str, str]:
     """Top-level third-party module -> a fairq module importing it, over the closure of
     ``roots``' imports (every statement: top level, in functions, under TYPE_CHECKING)."""
@@ -72,7 +56,7 @@ def third_party_imports(roots: tuple[str, ...]) -> dict[str, str]:
         path = _path(module)
         if path is None:
             continue
-        for name in _imports(module, path):
+        for name in all_imports(path):
             top = name.split(".")[0]
             if top == "fairq":
                 todo.append(name)
