@@ -18,6 +18,7 @@ from .app import (
     app,
     console,
     err_console,
+    fail,
 )
 
 
@@ -33,7 +34,8 @@ def serve(
         bool,
         typer.Option(
             "--workers/--no-workers",
-            help="Also deliver push subscriptions and run the attention reconcilers here.",
+            help="Also deliver push subscriptions and run the attention reconcilers and "
+            "the waiting rooms' admitters here.",
         ),
     ] = False,
     max_batch: Annotated[int, typer.Option(help="Most messages per request.")] = 100,
@@ -55,11 +57,8 @@ def serve(
     try:
         from ..http.serve import ServeOptions, prepare
         from ..http.serve import serve as run_server
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        err_console.print(
-            f"[red]error:[/red] fairq serve needs: pip install 'fairq[server]' ({exc})"
-        )
-        raise typer.Exit(2) from None
+    except ImportError as exc:  # depends on the install
+        fail(f"fairq serve needs: pip install 'fairq[server]' ({exc})", 2)
     options = ServeOptions(
         url=url,
         host=host,
@@ -85,6 +84,6 @@ def serve(
         f"fairq serve: dashboard [bold]http://{shown}:{port}/[/bold] · API /v1 · "
         f"/openapi.json · /metrics — backend {backend} · "
         + ("API keys on" if keys.enabled else "no API keys (loopback only)")
-        + (" · push deliveries and reconcilers on" if workers else "")
+        + (" · push deliveries, reconcilers and admitters on" if workers else "")
     )
     run_server(options)

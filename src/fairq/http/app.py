@@ -13,8 +13,8 @@ which authenticates, checks the scope, decodes the body and query with the route
 models and turns every error into ``{"error": code, "detail": text}``.
 
 The lifespan connects the broker (unless one is given), runs the stats sampler and,
-with ``workers=True``, push-subscription deliveries (``Worker.push()``) and the attention
-reconciler of every domain.
+with ``workers=True``, push-subscription deliveries (``Worker.push()``), the attention
+reconciler of every domain and the admitter of every waiting room.
 """
 
 from __future__ import annotations
@@ -39,6 +39,8 @@ from ..broker import Broker, connect
 from ..errors import FairqError
 from . import api
 from . import models as m
+from .api_idempotency import IdempotentCall
+from .api_rooms import run_admitters
 from .auth import COOKIE, KeyRing, require
 from .errors import ApiError, error_for
 from .metrics import Metrics, RequestTimer
@@ -87,6 +89,8 @@ def endpoint(route: api.Route, keys: KeyRing) -> Callable[[Request], Awaitable[R
                 principal = keys.authenticate(request.headers, request.cookies)
                 require(principal, route.scope)
                 _check_cookie_request(request, keys)
+                if route.idempotent and IdempotentCall.wanted(request):
+                    return IdempotentCall(request, principal.label, handle)
             call = api.Call(request, _state(request), dict(request.path_params))
             if decoder is not None:
                 raw = await request.body()
@@ -357,6 +361,7 @@ def create_app(
             tasks.append(
                 asyncio.create_task(_reconcile(b, reconcile_interval), name="fairq-reconcile")
             )
+            tasks.append(asyncio.create_task(run_admitters(b), name="fairq-admitters"))
         try:
             yield
         finally:
