@@ -74,7 +74,7 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
     caller inserts them, so copies for many queues can go in one statement."""
     now = t.now
     qid = q.id
-    ids = t.allocate(len(items))
+    ids = t.allocate(len(items), stored=True)
     rows = []
     visible = delayed = 0
     if not q.config.fifo:
@@ -179,8 +179,11 @@ def unref_queue(t: Txn, q: QueueRow) -> None:
 def delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     """Delete messages of ``q`` (any state), keeping counts, FIFO heads and shared bodies
     right."""
-    for chunk in chunks([r[ID] for r in rows]):
+    ids = [r[ID] for r in rows]
+    for chunk in chunks(ids):
         t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk)
+    if ids:
+        t.deleted(max(ids))
     unref_bodies(t, Counter(r[BODY_REF] for r in rows if r[BODY_REF] is not None))
     counts = {"visible": 0, "delayed": 0, "in_flight": 0}
     for r in rows:
@@ -264,6 +267,7 @@ def sweep(t: Txn) -> None:
             q = t.queue_by_id(r[QID])
             if q is None:  # queue deleted by an older fairq without its messages
                 conn.execute("DELETE FROM fairq_messages WHERE id = ?", (r[ID],))
+                t.deleted(r[ID])
                 continue
             cfg = q.config
             leased = r[LEASE] is not None
@@ -387,7 +391,7 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
         refs = dict(zip(shared, ref_ids, strict=True))
     rows: list[Row] = []
     now = t.now
-    ids = iter(t.allocate(sum(len(indices) for _, indices in targets)))
+    ids = iter(t.allocate(sum(len(indices) for _, indices in targets), stored=True))
     for q, indices in targets:
         if q.config.fifo:
             items = [(copies[i].body, blobs[i], copies[i].delay, 0, None) for i in indices]

@@ -73,6 +73,7 @@ def delete_queue(t: Txn, name: str) -> bool:
     conn = t.conn
     unref_queue(t, q)
     conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,))
+    t.deleted(None)
     conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_dedup WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_subscriptions WHERE queue_id = ?", (q.id,))
@@ -277,6 +278,7 @@ def purge(t: Txn, name: str) -> int:
     conn = t.conn
     unref_queue(t, q)
     n = conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,)).rowcount
+    t.deleted(None)
     conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ?", (q.id,))
     t.flush()
     conn.execute(
