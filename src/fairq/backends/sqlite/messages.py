@@ -38,13 +38,23 @@ SELECT_READY = (
     "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state = 0 "
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
 )
+# lease the next ready message of a queue and read it back: one statement per receive(1)
+LEASE_NEXT = (
+    "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "
+    "WHERE id = (SELECT id FROM fairq_messages WHERE queue_id = ? AND state = 0 "
+    "ORDER BY priority DESC, avail_at, id LIMIT 1) RETURNING " + COLS
+)
 _SWEEP_BATCH = 1000
 
 
-def _category(state: int, lease: int | None) -> str:
-    if state == WAITING:
-        return "delayed" if lease is None else "in_flight"
-    return "visible"
+def leased(r: Row, until: float, lease: int) -> Row:
+    """Row ``r`` as it is once leased until ``until`` under ``lease``."""
+    return (*r[:2], WAITING, r[3], until, r[ATTEMPT] + 1, lease, *r[7:])
+
+
+def unleased(r: Row) -> Row:
+    """A row just leased by ``LEASE_NEXT`` as it was before (ready, attempt not counted)."""
+    return (*r[:2], READY, r[3], r[AVAIL], r[ATTEMPT] - 1, None, *r[7:])
 
 
 def attrs_of(blob: bytes | None) -> dict[str, str]:
@@ -179,17 +189,31 @@ def unref_queue(t: Txn, q: QueueRow) -> None:
 def delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     """Delete messages of ``q`` (any state), keeping counts, FIFO heads and shared bodies
     right."""
-    ids = [r[ID] for r in rows]
-    for chunk in chunks(ids):
+    for chunk in chunks([r[ID] for r in rows]):
         t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk)
-    if ids:
-        t.deleted(max(ids))
-    unref_bodies(t, Counter(r[BODY_REF] for r in rows if r[BODY_REF] is not None))
-    counts = {"visible": 0, "delayed": 0, "in_flight": 0}
+    deleted(t, q, rows)
+
+
+def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
+    """Messages of ``q`` were just deleted: keep counts, FIFO heads and shared bodies right."""
+    if not rows:
+        return
+    t.deleted(max(r[ID] for r in rows))
+    refs = [r[BODY_REF] for r in rows if r[BODY_REF] is not None]
+    if refs:
+        unref_bodies(t, Counter(refs))
+    visible = delayed = in_flight = 0
     for r in rows:
-        counts[_category(r[STATE], r[LEASE])] -= 1
-    for column, n in counts.items():
-        t.add(q.id, column, n)
+        if r[STATE] != WAITING:
+            visible -= 1
+        elif r[LEASE] is None:
+            delayed -= 1
+        else:
+            in_flight -= 1
+    qid = q.id
+    t.add(qid, "visible", visible)
+    t.add(qid, "delayed", delayed)
+    t.add(qid, "in_flight", in_flight)
     if q.config.fifo:
         for r in rows:
             if r[STATE] != BLOCKED and r[GRP] is not None:
@@ -320,6 +344,32 @@ def current_leases(
         elif mid not in taken:
             taken.add(mid)
             rows.append(row)
+    return rows, lost
+
+
+def take_leases(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[list[Row], list[str]]:
+    """Delete the messages whose current lease is named by ``receipts`` (one ``DELETE ...
+    RETURNING`` per lease token, no read first); return their rows (without body and
+    attributes) and the receipts that named no current lease. The caller calls
+    :func:`deleted` with the rows."""
+    parsed = [parse_receipt(r) for r in receipts]
+    by_lease: dict[int, list[int]] = {}
+    for mid, lease in parsed:
+        by_lease.setdefault(lease, []).append(mid)
+    now = t.now
+    qid = q.id
+    rows: list[Row] = []
+    gone: set[tuple[int, int]] = set()
+    for lease, ids in by_lease.items():
+        for chunk in chunks(ids):
+            for row in t.conn.execute(
+                f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))}) AND lease = ? "
+                f"AND queue_id = ? AND avail_at > ? RETURNING {_LEASE_COLS}",
+                (*chunk, lease, qid, now),
+            ):
+                rows.append(row)
+                gone.add((row[ID], lease))
+    lost = [r for r, p in zip(receipts, parsed, strict=True) if p not in gone]
     return rows, lost
 
 

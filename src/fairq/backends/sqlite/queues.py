@@ -27,6 +27,7 @@ from .messages import (
     COLS,
     GRP,
     ID,
+    LEASE_NEXT,
     PRIO,
     SELECT_READY,
     attrs_of,
@@ -34,11 +35,15 @@ from .messages import (
     current_leases,
     dead_letter_rows,
     delete,
+    deleted,
     expire_old,
     insert,
+    leased,
     make_room,
     oldest_age,
     received,
+    take_leases,
+    unleased,
     unref_queue,
 )
 from .txn import Row, Txn, chunks, marks
@@ -119,34 +124,44 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
     conn = t.conn
     now = t.now
     cutoff = int((now - cfg.retention) * 1000) << 16
+    until = now + (cfg.visibility_timeout if visibility_timeout is None else visibility_timeout)
     out: list[Received] = []
     while len(out) < n:
-        rows = conn.execute(SELECT_READY, (q.id, n - len(out))).fetchall()
-        if not rows:
-            break
-        stale = [r for r in rows if r[ID] < cutoff]
-        if stale:  # past retention: never delivered
-            dead_letter_rows(t, q, stale, "expired")
-            rows = [r for r in rows if r[ID] >= cutoff]
-        if not rows:
-            continue
-        until = now + (cfg.visibility_timeout if visibility_timeout is None else visibility_timeout)
         lease = t.store.rng.getrandbits(62) | 1
-        ids = [r[ID] for r in rows]
-        conn.execute(
-            "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "
-            f"WHERE id IN ({marks(len(ids))})",
-            (until, lease, *ids),
-        )
+        if n - len(out) == 1:  # lease the next one and read it back in one statement
+            rows = conn.execute(LEASE_NEXT, (until, lease, q.id)).fetchall()
+            if not rows:
+                break
+            if rows[0][ID] < cutoff:  # past retention: never delivered
+                dead_letter_rows(t, q, [unleased(r) for r in rows], "expired")
+                continue
+        else:
+            rows = conn.execute(SELECT_READY, (q.id, n - len(out))).fetchall()
+            if not rows:
+                break
+            stale = [r for r in rows if r[ID] < cutoff]
+            if stale:  # past retention: never delivered
+                dead_letter_rows(t, q, stale, "expired")
+                rows = [r for r in rows if r[ID] >= cutoff]
+            if not rows:
+                continue
+            ids = [r[ID] for r in rows]
+            conn.execute(
+                "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, "
+                f"lease = ? WHERE id IN ({marks(len(ids))})",
+                (until, lease, *ids),
+            )
+            rows = [leased(r, until, lease) for r in rows]
         t.waiting_until(until)
         k = len(rows)
-        t.add(q.id, "visible", -k)
-        t.add(q.id, "in_flight", k)
+        qid = q.id
+        t.add(qid, "visible", -k)
+        t.add(qid, "in_flight", k)
         redelivered = 0
         tail = f".{lease:x}"
         for r in rows:
             mid = r[0]
-            attempt = r[5] + 1
+            attempt = r[5]
             if attempt > 1:
                 redelivered += 1
             hid = f"{mid:016x}"
@@ -164,15 +179,15 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
                     name,
                 )
             )
-        t.add(q.id, "redelivered", redelivered)
+        t.add(qid, "redelivered", redelivered)
     return out
 
 
 def ack(t: Txn, name: str, receipts: list[str]) -> list[str]:
     q = t.queue(name)
-    rows, lost = current_leases(t, q, receipts)
+    rows, lost = take_leases(t, q, receipts)
     if rows:
-        delete(t, q, rows)
+        deleted(t, q, rows)
         t.add(q.id, "acked", len(rows))
     return lost
 

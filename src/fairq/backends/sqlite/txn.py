@@ -172,6 +172,19 @@ class Store:
         self.data_version = None
 
 
+_COUNTER_SQL: dict[tuple[str, ...], str] = {}
+
+
+def _counter_sql(columns: tuple[str, ...]) -> str:
+    """The UPDATE that adds deltas to these counters of one queue (one SQL text per set of
+    columns, so the connection's statement cache keeps each prepared)."""
+    sql = _COUNTER_SQL.get(columns)
+    if sql is None:
+        sets = ", ".join(f"{c} = {c} + ?" for c in columns)
+        sql = _COUNTER_SQL[columns] = f"UPDATE fairq_queues SET {sets} WHERE id = ?"
+    return sql
+
+
 class Txn:
     """One write transaction: its clock reading, id allocator and per-operation bookkeeping
     (counter deltas, queues to wake) that a failed operation throws away."""
@@ -243,22 +256,30 @@ class Txn:
     def flush(self) -> None:
         """Write this operation's counter deltas (inside its savepoint): one statement per
         set of counters, for however many queues changed them."""
+        deltas = self._deltas
+        if not deltas:
+            return
+        if len(deltas) == 1:
+            ((qid, d),) = deltas.items()
+            self.conn.execute(_counter_sql(tuple(d)), [*d.values(), qid])
+            deltas.clear()
+            return
         by_columns: dict[tuple[str, ...], list[list[int]]] = {}
-        for qid, d in self._deltas.items():
+        for qid, d in deltas.items():
             by_columns.setdefault(tuple(d), []).append([*d.values(), qid])
         for cols, rows in by_columns.items():
-            sets = ", ".join(f"{c} = {c} + ?" for c in cols)
-            sql = f"UPDATE fairq_queues SET {sets} WHERE id = ?"
+            sql = _counter_sql(cols)
             if len(rows) == 1:
                 self.conn.execute(sql, rows[0])
             else:
                 self.conn.executemany(sql, rows)
-        self._deltas.clear()
+        deltas.clear()
 
     def op_done(self) -> None:
         self.flush()
-        self.notify |= self.op_notify
-        self.op_notify.clear()
+        if self.op_notify:
+            self.notify |= self.op_notify
+            self.op_notify.clear()
 
     def op_failed(self) -> None:
         self._deltas.clear()
