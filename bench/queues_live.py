@@ -19,6 +19,7 @@ process is this module run as ``python -m bench.queues_live <role> ...``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -171,9 +172,7 @@ async def _fairq_poll_consumer(path: str, n: int) -> dict[str, Any]:
 
 async def _fairq_worker_consumer(path: str, n: int) -> dict[str, Any]:
     broker = await fairq.connect(_url(path))
-    worker = fairq.Worker(
-        broker, concurrency=WORKER_CONCURRENCY, handle_signals=False, grace=5.0
-    )
+    worker = fairq.Worker(broker, concurrency=WORKER_CONCURRENCY, handle_signals=False, grace=5.0)
     lat: list[float] = []
     done = asyncio.Event()
 
@@ -188,10 +187,8 @@ async def _fairq_worker_consumer(path: str, n: int) -> dict[str, Any]:
     print("ready", flush=True)
     cpu0, t0 = _cpu(), time.perf_counter()
     with_timeout = max(30.0, 5 * n / RATE)
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(done.wait(), with_timeout)
-    except TimeoutError:
-        pass
     cpu = (_cpu() - cpu0) / (time.perf_counter() - t0)
     worker.stop()
     await asyncio.wait_for(running, 30)
@@ -303,18 +300,18 @@ async def _worker_drain(path: str, bodies: list[bytes]) -> tuple[float, float]:
                     broker, concurrency=WORKER_CONCURRENCY, handle_signals=False, grace=5.0
                 )
                 count = 0
-                done = asyncio.Event()
+                drained = asyncio.Event()
 
                 @worker.queue(QUEUE, concurrency=WORKER_CONCURRENCY)
-                async def handle(msg: fairq.Received) -> None:
+                async def handle(msg: fairq.Received, drained: asyncio.Event = drained) -> None:
                     nonlocal count
                     count += 1
                     if count == n:
-                        done.set()
+                        drained.set()
 
                 t0 = time.perf_counter()
                 running = asyncio.create_task(worker.run())
-                await asyncio.wait_for(done.wait(), 600)
+                await asyncio.wait_for(drained.wait(), 600)
                 seconds = time.perf_counter() - t0
                 worker.stop()
                 await asyncio.wait_for(running, 30)
