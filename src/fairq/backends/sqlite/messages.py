@@ -38,23 +38,12 @@ SELECT_READY = (
     "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state = 0 "
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
 )
-# lease the next ready message of a queue and read it back: one statement per receive(1)
-LEASE_NEXT = (
-    "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "
-    "WHERE id = (SELECT id FROM fairq_messages WHERE queue_id = ? AND state = 0 "
-    "ORDER BY priority DESC, avail_at, id LIMIT 1) RETURNING " + COLS
-)
 _SWEEP_BATCH = 1000
 
 
 def leased(r: Row, until: float, lease: int) -> Row:
     """Row ``r`` as it is once leased until ``until`` under ``lease``."""
     return (*r[:2], WAITING, r[3], until, r[ATTEMPT] + 1, lease, *r[7:])
-
-
-def unleased(r: Row) -> Row:
-    """A row just leased by ``LEASE_NEXT`` as it was before (ready, attempt not counted)."""
-    return (*r[:2], READY, r[3], r[AVAIL], r[ATTEMPT] - 1, None, *r[7:])
 
 
 def attrs_of(blob: bytes | None) -> dict[str, str]:

