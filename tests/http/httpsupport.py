@@ -54,12 +54,14 @@ async def serving(
 
 
 @contextlib.asynccontextmanager
-async def uvicorn_serving(app: Any) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on a free loopback port in this event loop; its URL."""
+async def uvicorn_serving(app: Any, **config_options: Any) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port in this event loop; its URL.
+    ``config_options`` go to ``uvicorn.Config`` (``root_path``, ``lifespan`` ...)."""
     import uvicorn
 
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    options: dict[str, Any] = {"log_level": "warning", "lifespan": "on", **config_options}
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, **options)
     server = uvicorn.Server(config)
     server.config.timeout_graceful_shutdown = 1
     task = asyncio.create_task(server.serve())
