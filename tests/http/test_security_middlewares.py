@@ -75,3 +75,18 @@ async def test_require_admission_behind_a_root_path(memory: fairq.Broker) -> Non
         assert shop.runs == []
         r = await http.post("/holds", headers={"Authorization": f"Bearer {token}"})
         assert r.status_code == 200 and shop.runs == ["POST"]
+
+
+async def test_require_admission_guards_head_with_get(memory: fairq.Broker) -> None:
+    """Defect 2: Starlette runs the GET endpoint for HEAD; ``methods=["GET"]`` must guard
+    HEAD too, or its side effects run without a token."""
+    await memory.waiting_room("ev-88", admit_rate=100)
+    shop = Purchases()
+    app = RequireAdmission(
+        shop.app(), "ev-88", broker=memory, paths=["/holds"], methods=["GET", "POST"]
+    )
+    async with uvicorn_serving(app) as url, httpx.AsyncClient(base_url=url) as http:
+        assert (await http.get("/holds")).status_code == 401
+        r = await http.head("/holds")
+        assert r.status_code == 401
+        assert shop.runs == [], "HEAD ran the GET endpoint without a token"

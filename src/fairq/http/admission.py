@@ -102,7 +102,8 @@ class RequireAdmission:
     broker, or a callable returning one) and, if the room was made with one, ``secret``.
     ``paths``: path prefixes to guard (``"/holds"`` guards ``/holds`` and ``/holds/7``), as
     the wrapped app routes them — under a ``Mount("/shop", ...)`` or ``--root-path /shop``
-    still ``"/holds"``; ``methods``: only these methods (default: all). ``consume``: burn each token on use.
+    still ``"/holds"``; ``methods``: only these methods (default: all; ``GET`` includes
+    ``HEAD``). ``consume``: burn each token on use.
     ``room_page``: where a browser is sent (default ``/rooms/<room>``).
     """
 
@@ -131,6 +132,10 @@ class RequireAdmission:
         self._secret = secret
         self.paths = tuple(p.rstrip("/") or "/" for p in paths)
         self.methods = None if methods is None else {m.upper() for m in methods}
+        if self.methods is not None and "GET" in self.methods:
+            # Starlette (like most frameworks) runs a GET endpoint for HEAD: the body is
+            # dropped, its side effects are not
+            self.methods.add("HEAD")
         self.consume = consume
         self.cookie = cookie
         self.room_page = room_page or f"/rooms/{self.room_name}"
