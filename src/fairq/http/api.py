@@ -27,6 +27,7 @@ from ..pubsub import Topic
 from . import models as m
 from .auth import Scope
 from .errors import ApiError
+from .nesting import MAX_DEPTH, too_deep
 
 InfoT = TypeVar("InfoT")
 
@@ -326,6 +327,8 @@ async def stream(c: Call) -> Response:
     t = await _topic(c)
     policy = None
     if q.filter is not None:
+        if too_deep(q.filter):
+            raise ApiError(400, "bad_request", f"filter nests more than {MAX_DEPTH} levels deep")
         try:
             policy = orjson.loads(q.filter)
         except orjson.JSONDecodeError as exc:

@@ -43,6 +43,7 @@ from .auth import COOKIE, KeyRing, require
 from .errors import ApiError, error_for
 from .metrics import Metrics, RequestTimer
 from .middleware import Receive, Scope, Send
+from .nesting import MAX_DEPTH, too_deep
 from .openapi import openapi
 from .sampler import Sampler
 
@@ -51,6 +52,7 @@ __all__ = ["BodyLimit", "create_app", "error_response"]
 log = logging.getLogger("fairq.http")
 DASHBOARD = Path(__file__).parent / "dashboard"
 _SAFE = ("GET", "HEAD", "OPTIONS")
+_TOO_DEEP = f"the body nests arrays and objects more than {MAX_DEPTH} levels deep"
 
 
 def error_response(status: int, code: str, detail: str, headers: Any = None) -> Response:
@@ -90,6 +92,8 @@ def endpoint(route: api.Route, keys: KeyRing) -> Callable[[Request], Awaitable[R
             call = api.Call(request, _state(request), dict(request.path_params))
             if decoder is not None:
                 raw = await request.body()
+                if too_deep(raw):
+                    raise ApiError(400, "bad_request", _TOO_DEEP)
                 if not raw.strip():
                     if body_required:
                         raise ApiError(422, "validation_error", "this operation needs a JSON body")
