@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -41,6 +42,8 @@ async def serving(
     """The app on ``broker`` (default: a new memory broker) with its lifespan running."""
     own = broker is None
     b = broker or await fairq.connect("memory://")
+    # the tests' virtual host: an open server answers only to the names it knows
+    options.setdefault("allowed_hosts", [urlsplit(base_url).netloc])
     app = create_app(b, **options)
     try:
         async with (

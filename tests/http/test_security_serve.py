@@ -127,3 +127,104 @@ def test_nesting_up_to_the_bound_still_works(url: str) -> None:
     assert r.status_code == 200, r.text
     got = httpx.post(f"{url}/v1/queues/nest/receive", json={}).json()["messages"]
     assert got[0]["body"] == body
+
+
+# -- defect 4: cross-site simple requests ----------------------------------------------------
+EVIL = "https://evil.example"
+
+
+def visible(url: str, queue: str) -> int:
+    n: int = httpx.get(f"{url}/v1/queues/{queue}").json()["stats"]["visible"]
+    return n
+
+
+def test_cross_site_simple_requests_change_nothing(url: str) -> None:
+    assert httpx.put(f"{url}/v1/queues/victim").status_code == 200
+    send = '{"messages": [{"body": "x"}]}'
+    assert httpx.post(f"{url}/v1/queues/victim/messages", content=send).status_code == 200
+    for headers in (
+        {"Origin": EVIL, "Content-Type": "text/plain"},  # the issue's curl
+        {"Origin": "null", "Content-Type": "application/x-www-form-urlencoded"},
+        {"Sec-Fetch-Site": "cross-site", "Content-Type": "multipart/form-data; boundary=x"},
+        {"Sec-Fetch-Site": "same-site", "Origin": "http://other.localhost"},  # no body
+    ):
+        r = httpx.post(f"{url}/v1/queues/victim/purge", headers=headers)
+        assert r.status_code == 403, (headers, r.text)
+        assert r.json()["error"] == "cross_site_request"
+        r = httpx.post(f"{url}/v1/queues/victim/messages", content=send, headers=headers)
+        assert r.status_code == 403, headers
+        r = httpx.post(f"{url}/v1/queues/victim/receive", content="{}", headers=headers)
+        assert r.status_code == 403, headers
+    assert visible(url, "victim") == 1, "nothing was purged, sent or leased"
+    # what a browser can only send after a CORS preflight (never granted) is not refused,
+    # nor the dashboard's same-origin calls, nor scripts (no Origin at all)
+    r = httpx.post(
+        f"{url}/v1/queues/victim/messages",
+        content=send,
+        headers={"Origin": EVIL, "Content-Type": "application/json"},
+    )
+    assert r.status_code == 200
+    same = {"Origin": url, "Sec-Fetch-Site": "same-origin", "X-Fairq-Dashboard": "1"}
+    r = httpx.post(f"{url}/v1/queues/victim.dlq/redrive", json={}, headers=same)
+    assert r.status_code == 200
+    assert httpx.post(f"{url}/v1/queues/victim/purge", headers={"Origin": url}).status_code == 200
+    assert visible(url, "victim") == 0
+
+
+# -- defect 5: DNS rebinding -----------------------------------------------------------------
+def test_an_open_server_answers_only_to_loopback_host_names(url: str) -> None:
+    port = url.rsplit(":", 1)[1]
+    for host in (f"attacker.example:{port}", "attacker.example", f"127.0.0.1.nip.io:{port}"):
+        r = httpx.get(f"{url}/v1/queues", headers={"Host": host})
+        assert r.status_code == 400, host
+        assert r.json()["error"] == "host_not_allowed"
+        r = httpx.delete(f"{url}/v1/queues/victim", headers={"Host": host})
+        assert r.status_code == 400
+    for host in (f"localhost:{port}", f"127.0.0.1:{port}", f"[::1]:{port}", "localhost"):
+        assert httpx.get(f"{url}/v1/queues", headers={"Host": host}).status_code == 200, host
+
+
+def test_allowed_hosts_add_names(tmp_path: Path) -> None:
+    env = {"FAIRQ_ALLOWED_HOSTS": "queue.internal, other.internal:9000"}
+    with serve(tmp_path, "--allowed-host", "fairq.lan", env=env) as served:
+        get = served.url + "/v1/queues"
+        for host, status in (
+            ("fairq.lan:1234", 200),
+            ("queue.internal", 200),
+            ("other.internal:9000", 200),
+            ("other.internal:9001", 400),
+            ("attacker.example", 400),
+        ):
+            assert httpx.get(get, headers={"Host": host}).status_code == status, host
+
+
+ADMIN = "admin-key-0123456789abcdef"
+SENDER = "send-key-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    """``fairq serve`` with an admin key and a send key."""
+    keys = f"{ADMIN}:admin,{SENDER}:send"
+    with serve(tmp_path_factory.mktemp("keyed"), env={"FAIRQ_API_KEYS": keys}) as served:
+        yield served
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def test_a_server_with_keys_refuses_cross_site_forms_too(keyed_server: Served) -> None:
+    url = keyed_server.url
+    # login CSRF: a page logging the victim's browser in with the attacker's key
+    r = httpx.post(
+        f"{url}/login",
+        content=f"key={ADMIN}",
+        headers={"Origin": EVIL, "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 403 and "set-cookie" not in r.headers
+    r = httpx.put(f"{url}/v1/queues/k", headers={**bearer(ADMIN), "Sec-Fetch-Site": "cross-site"})
+    assert r.status_code == 403
+    # with keys, any Host name is answered (the key is what protects it)
+    r = httpx.get(f"{url}/v1/queues", headers={**bearer(ADMIN), "Host": "fairq.example.com"})
+    assert r.status_code == 200

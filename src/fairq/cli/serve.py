@@ -46,6 +46,24 @@ def serve(
     ] = 2.0,
     log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A Host name to answer besides localhost/127.0.0.1/[::1] (repeatable; "
+            "also FAIRQ_ALLOWED_HOSTS, comma-separated). Without API keys no other name is "
+            "answered (DNS rebinding).",
+        ),
+    ] = None,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            "--forwarded-allow-ips",
+            envvar="FORWARDED_ALLOW_IPS",
+            help="Proxy addresses whose X-Forwarded-For/-Proto are believed (uvicorn's "
+            "option; default 127.0.0.1).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the REST API, the live dashboard and /metrics (http://127.0.0.1:8040).
 
@@ -53,7 +71,7 @@ def serve(
     without keys the server listens on loopback only.
     """
     try:
-        from ..http.serve import ServeOptions, prepare
+        from ..http.serve import ServeOptions, parse_hosts, prepare
         from ..http.serve import serve as run_server
     except ImportError as exc:  # pragma: no cover - depends on the install
         err_console.print(
@@ -71,6 +89,8 @@ def serve(
         sample_interval=sample_interval,
         log_level=log_level,
         access_log=access_log,
+        allowed_hosts=(*parse_hosts(os.environ.get("FAIRQ_ALLOWED_HOSTS")), *(allowed_host or ())),
+        forwarded_allow_ips=forwarded_allow_ips,
     )
     try:
         keys = prepare(options)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -41,6 +41,7 @@ from . import api
 from . import models as m
 from .auth import COOKIE, KeyRing, require
 from .errors import ApiError, error_for
+from .guard import BrowserGuard, HostPolicy
 from .metrics import Metrics, RequestTimer
 from .middleware import Receive, Scope, Send
 from .nesting import MAX_DEPTH, too_deep
@@ -51,6 +52,7 @@ __all__ = ["BodyLimit", "create_app", "error_response"]
 
 log = logging.getLogger("fairq.http")
 DASHBOARD = Path(__file__).parent / "dashboard"
+ROOMS_PREFIX = "/rooms"  # the waiting rooms' public routes (fans hold no key)
 _SAFE = ("GET", "HEAD", "OPTIONS")
 _TOO_DEEP = f"the body nests arrays and objects more than {MAX_DEPTH} levels deep"
 
@@ -285,7 +287,7 @@ def _room_routes() -> list[BaseRoute]:
         from .rooms import rooms_routes
     except ImportError:  # pragma: no cover - depends on the install
         return []
-    return rooms_routes(lambda request: _state(request).broker)
+    return rooms_routes(lambda request: _state(request).broker, prefix=ROOMS_PREFIX)
 
 
 def _dispatch(
@@ -336,12 +338,20 @@ def create_app(
     workers: bool = False,
     reconcile_interval: float = 30.0,
     push_concurrency: int = 8,
+    allowed_hosts: Iterable[str] | None = None,
 ) -> Starlette:
     """The app serving ``broker`` (or a broker it connects to ``url`` at start-up and
     closes at shutdown). ``keys`` None or empty: no authentication (keep it on
     loopback). ``workers``: also deliver push subscriptions and reconcile attention
-    domains in this process."""
+    domains in this process.
+
+    ``allowed_hosts``: the ``Host`` names answered besides the loopback ones (``name`` or
+    ``name:port``; ``"*"``: any). Without keys only those are answered, against DNS
+    rebinding; with keys any name is, unless some are given (:mod:`fairq.http.guard`).
+    """
     keys = keys or KeyRing()
+    hosts = list(allowed_hosts or ())
+    host_policy = HostPolicy(hosts) if hosts or not keys.enabled else None
     limits = limits or api.Limits()
     metrics = Metrics()
 
@@ -397,5 +407,7 @@ def create_app(
         return limits.body_limit(size)
 
     app.add_middleware(BodyLimit, limit=body_limit)
+    # outside the body limit: a refused request is never read
+    app.add_middleware(BrowserGuard, hosts=host_policy, exempt=[ROOMS_PREFIX])
     app.add_middleware(RequestTimer, metrics=metrics)
     return app

@@ -2,18 +2,20 @@
 :func:`serve`).
 
 API keys come from ``FAIRQ_API_KEYS`` (see :mod:`fairq.http.auth`); without keys the
-server refuses any address but loopback, and says why.
+server refuses any address but loopback, and says why, and answers only to loopback
+``Host`` names and ``allowed_hosts`` (:mod:`fairq.http.guard`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 from .api import Limits
 from .auth import KeyRing, check_bind
 
-__all__ = ["ServeOptions", "serve"]
+__all__ = ["ServeOptions", "parse_hosts", "serve"]
 
 log = logging.getLogger("fairq.http")
 
@@ -34,6 +36,15 @@ class ServeOptions:
     reconcile_interval: float = 30.0
     log_level: str = "info"
     access_log: bool = False
+    #: ``Host`` names answered besides the loopback ones (``FAIRQ_ALLOWED_HOSTS``)
+    allowed_hosts: tuple[str, ...] = ()
+    #: whose ``X-Forwarded-For``/``-Proto`` to believe (uvicorn's default: 127.0.0.1)
+    forwarded_allow_ips: str | None = None
+
+
+def parse_hosts(text: str | None) -> tuple[str, ...]:
+    """The host names of ``FAIRQ_ALLOWED_HOSTS``: separated by commas or white space."""
+    return tuple(h for h in re.split(r"[,\s]+", text or "") if h)
 
 
 def prepare(options: ServeOptions) -> KeyRing:
@@ -59,6 +70,7 @@ def serve(options: ServeOptions) -> None:
         sample_interval=options.sample_interval,
         workers=options.workers,
         reconcile_interval=options.reconcile_interval,
+        allowed_hosts=options.allowed_hosts,
     )
     config = uvicorn.Config(
         app,
@@ -68,5 +80,6 @@ def serve(options: ServeOptions) -> None:
         access_log=options.access_log,
         timeout_graceful_shutdown=3,
         server_header=False,
+        forwarded_allow_ips=options.forwarded_allow_ips,
     )
     uvicorn.Server(config).run()
