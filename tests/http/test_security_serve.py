@@ -228,3 +228,30 @@ def test_a_server_with_keys_refuses_cross_site_forms_too(keyed_server: Served) -
     # with keys, any Host name is answered (the key is what protects it)
     r = httpx.get(f"{url}/v1/queues", headers={**bearer(ADMIN), "Host": "fairq.example.com"})
     assert r.status_code == 200
+
+
+# -- defect 8: work queue templates ----------------------------------------------------------
+def test_work_queue_templates_take_plain_fields_only(url: str) -> None:
+    for template in (
+        "{key}{key:x>200000000000000}",  # was a MemoryError: 500
+        "{key}{key:x>100000000}",  # allocated 100 MB before the name check refused it
+        "{key!r}",
+        "{key.__class__}",
+        "{0}{key}",
+        "{key",
+        "process.{tenant}.{key}",
+    ):
+        r = httpx.put(f"{url}/v1/attention/market", json={"work_queue": template}, timeout=10)
+        assert r.status_code == 422, (template, r.text)
+        assert r.json()["error"] == "invalid_option"
+    # the longest key must fit: 200 characters at most
+    long_domain = "d" * 120
+    r = httpx.put(f"{url}/v1/attention/{long_domain}", json={})
+    assert r.status_code == 422 and "200" in r.json()["detail"], r.text
+    r = httpx.put(f"{url}/v1/attention/market", json={"work_queue": "w.{domain}.{key}"})
+    assert r.status_code == 200, r.text
+    key = "k" * 100
+    r = httpx.post(
+        f"{url}/v1/attention/market/keys/{key}/messages", json={"messages": [{"body": 1}]}
+    )
+    assert r.status_code == 200, r.text
