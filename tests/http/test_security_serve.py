@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from fairq.http.auth import COOKIE
 from fairq.http.nesting import MAX_DEPTH
 from subprocs import free_port
 
@@ -255,3 +256,64 @@ def test_work_queue_templates_take_plain_fields_only(url: str) -> None:
         f"{url}/v1/attention/market/keys/{key}/messages", json={"messages": [{"body": 1}]}
     )
     assert r.status_code == 200, r.text
+
+
+# -- defect 9: the dashboard's login cookie --------------------------------------------------
+OTHER_ADMIN = "other-admin-key-0123456789"
+SAME = {"Sec-Fetch-Site": "same-origin"}  # what the login page's own form sends
+
+
+def log_in(url: str, key: str) -> str:
+    """The value of the cookie ``POST /login`` sets for ``key``."""
+    r = httpx.post(
+        f"{url}/login",
+        content=f"key={key}",
+        headers={**SAME, "Content-Type": "application/x-www-form-urlencoded"},
+    )
+    assert r.status_code == 303 and r.headers["location"] == "/", r.text
+    (name, value), *_ = r.cookies.items()
+    assert name == COOKIE, name
+    return value
+
+
+def with_cookie(url: str, cookie: str, path: str = "/v1/overview") -> int:
+    return httpx.get(url + path, cookies={COOKIE: cookie}).status_code
+
+
+def test_the_login_cookie_is_a_signed_session_not_the_key(tmp_path: Path) -> None:
+    keys = {"FAIRQ_API_KEYS": f"{ADMIN}:admin,{OTHER_ADMIN}:admin,{SENDER}:send"}
+    secret = {"FAIRQ_SESSION_SECRET": "a-session-secret-for-the-test-0123456789"}
+    with serve(tmp_path, env={**keys, **secret}) as served:
+        url = served.url
+        cookie = log_in(url, ADMIN)
+        assert ADMIN not in cookie, "the cookie is the raw admin key"
+        assert with_cookie(url, cookie) == 200 and with_cookie(url, cookie, "/") == 200
+        # the key itself in the cookie is no session (a cookie stolen before this release)
+        assert with_cookie(url, ADMIN) == 401
+        # altered or forged sessions are refused
+        payload, _, mac = cookie.rpartition(".")
+        assert with_cookie(url, payload + "." + mac[::-1]) == 401
+        expires = payload.split(".")[2]
+        assert with_cookie(url, cookie.replace(expires, str(int(expires) + 10**6))) == 401
+        # logout revokes the session on the server, not only in the browser
+        second = log_in(url, OTHER_ADMIN)
+        r = httpx.post(f"{url}/logout", cookies={COOKIE: second}, headers=SAME)
+        assert r.status_code == 303
+        assert with_cookie(url, second) == 401
+        assert with_cookie(url, cookie) == 200
+    # the same secret after a restart: the session lives on...
+    with serve(tmp_path, env={**keys, **secret}) as served:
+        assert with_cookie(served.url, cookie) == 200
+    # ...until its key is removed from FAIRQ_API_KEYS
+    fewer = {"FAIRQ_API_KEYS": f"{OTHER_ADMIN}:admin,{SENDER}:send"}
+    with serve(tmp_path, env={**fewer, **secret}) as served:
+        assert with_cookie(served.url, cookie) == 401
+        assert with_cookie(served.url, cookie, "/") == 303, "back to the login page"
+
+
+def test_sessions_expire(tmp_path: Path) -> None:
+    with serve(tmp_path, "--session-ttl", "1", env={"FAIRQ_API_KEYS": f"{ADMIN}:admin"}) as served:
+        cookie = log_in(served.url, ADMIN)
+        assert with_cookie(served.url, cookie) == 200
+        time.sleep(2.1)  # the cookie's expiry has one-second resolution
+        assert with_cookie(served.url, cookie) == 401

@@ -55,6 +55,13 @@ def serve(
             "answered (DNS rebinding).",
         ),
     ] = None,
+    session_ttl: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a dashboard login lasts (its signed cookie; FAIRQ_SESSION_SECRET "
+            "signs it, else a secret drawn at start).",
+        ),
+    ] = 43_200.0,
     forwarded_allow_ips: Annotated[
         str | None,
         typer.Option(
@@ -91,6 +98,8 @@ def serve(
         access_log=access_log,
         allowed_hosts=(*parse_hosts(os.environ.get("FAIRQ_ALLOWED_HOSTS")), *(allowed_host or ())),
         forwarded_allow_ips=forwarded_allow_ips,
+        session_secret=os.environ.get("FAIRQ_SESSION_SECRET") or None,
+        session_ttl=session_ttl,
     )
     try:
         keys = prepare(options)

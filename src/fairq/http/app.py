@@ -47,6 +47,7 @@ from .middleware import Receive, Scope, Send
 from .nesting import MAX_DEPTH, too_deep
 from .openapi import openapi
 from .sampler import Sampler
+from .session import SESSION_TTL, Sessions
 
 __all__ = ["BodyLimit", "create_app", "error_response"]
 
@@ -72,8 +73,10 @@ def _state(request: Request) -> api.ServerState:
     return state
 
 
-def endpoint(route: api.Route, keys: KeyRing) -> Callable[[Request], Awaitable[Response]]:
-    """The Starlette endpoint of one API route."""
+def endpoint(
+    route: api.Route, keys: KeyRing, sessions: Sessions | None = None
+) -> Callable[[Request], Awaitable[Response]]:
+    """The Starlette endpoint of one API route (``sessions``: the dashboard's)."""
     body_type = route.body
     body_required = body_type is not None and any(
         f.required for f in msgspec.structs.fields(body_type)
@@ -88,7 +91,7 @@ def endpoint(route: api.Route, keys: KeyRing) -> Callable[[Request], Awaitable[R
             request.scope["fairq.stream"] = True
         try:
             if route.scope != "public":
-                principal = keys.authenticate(request.headers, request.cookies)
+                principal = keys.authenticate(request.headers, request.cookies, sessions)
                 require(principal, route.scope)
                 _check_cookie_request(request, keys)
             call = api.Call(request, _state(request), dict(request.path_params))
@@ -224,17 +227,19 @@ async def _refuse(send: Send, limit: int, declared: int | None) -> None:
 
 
 # -- dashboard and login -------------------------------------------------------------------
-def _is_admin(request: Request, keys: KeyRing) -> bool:
+def _is_admin(request: Request, keys: KeyRing, sessions: Sessions) -> bool:
     if not keys.enabled:
         return True
-    key = keys.find(request.cookies.get(COOKIE))
-    return key is not None and "admin" in key.scopes
+    return sessions.verify(request.cookies.get(COOKIE), keys) is not None
 
 
-def dashboard_routes(keys: KeyRing) -> list[BaseRoute]:
+def dashboard_routes(keys: KeyRing, sessions: Sessions) -> list[BaseRoute]:
+    """The dashboard's page, its login and logout (a signed session cookie,
+    :mod:`fairq.http.session`), and ``/openapi.json``."""
+
     async def index(request: Request) -> Response:
         request.scope["fairq.route"] = "/"
-        if not _is_admin(request, keys):
+        if not _is_admin(request, keys, sessions):
             return RedirectResponse("/login", status_code=303)
         return FileResponse(DASHBOARD / "index.html", headers={"Cache-Control": "no-store"})
 
@@ -251,7 +256,8 @@ def dashboard_routes(keys: KeyRing) -> list[BaseRoute]:
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
             COOKIE,
-            key.key,
+            sessions.issue(key),  # never the key itself: a stolen cookie must not be one
+            max_age=int(sessions.ttl),
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -260,6 +266,7 @@ def dashboard_routes(keys: KeyRing) -> list[BaseRoute]:
         return response
 
     async def logout(request: Request) -> Response:
+        sessions.revoke(request.cookies.get(COOKIE))
         response = RedirectResponse("/login" if keys.enabled else "/", status_code=303)
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response
@@ -339,6 +346,8 @@ def create_app(
     reconcile_interval: float = 30.0,
     push_concurrency: int = 8,
     allowed_hosts: Iterable[str] | None = None,
+    session_secret: bytes | str | None = None,
+    session_ttl: float = SESSION_TTL,
 ) -> Starlette:
     """The app serving ``broker`` (or a broker it connects to ``url`` at start-up and
     closes at shutdown). ``keys`` None or empty: no authentication (keep it on
@@ -348,8 +357,11 @@ def create_app(
     ``allowed_hosts``: the ``Host`` names answered besides the loopback ones (``name`` or
     ``name:port``; ``"*"``: any). Without keys only those are answered, against DNS
     rebinding; with keys any name is, unless some are given (:mod:`fairq.http.guard`).
+    ``session_secret`` signs the dashboard's session cookies (None: drawn at start, so a
+    restart ends every session), which last ``session_ttl`` seconds.
     """
     keys = keys or KeyRing()
+    sessions = Sessions(session_secret, session_ttl)
     hosts = list(allowed_hosts or ())
     host_policy = HostPolicy(hosts) if hosts or not keys.enabled else None
     limits = limits or api.Limits()
@@ -387,13 +399,13 @@ def create_app(
 
     by_path: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
     for r in api.ROUTES:
-        by_path.setdefault(r.path, {})[r.method] = endpoint(r, keys)
+        by_path.setdefault(r.path, {})[r.method] = endpoint(r, keys, sessions)
     # one Starlette route per path, so a 405 lists every method of the path in Allow
     routes: list[BaseRoute] = [
         Route(path, _dispatch(handlers), methods=list(handlers))
         for path, handlers in by_path.items()
     ]
-    routes += dashboard_routes(keys)
+    routes += dashboard_routes(keys, sessions)
     routes += _room_routes()
     app = Starlette(
         routes=routes,

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from .api import Limits
 from .auth import KeyRing, check_bind
+from .session import SESSION_TTL, Sessions
 
 __all__ = ["ServeOptions", "parse_hosts", "serve"]
 
@@ -40,6 +41,9 @@ class ServeOptions:
     allowed_hosts: tuple[str, ...] = ()
     #: whose ``X-Forwarded-For``/``-Proto`` to believe (uvicorn's default: 127.0.0.1)
     forwarded_allow_ips: str | None = None
+    #: signs the dashboard's sessions (``FAIRQ_SESSION_SECRET``; None: drawn at start)
+    session_secret: str | None = None
+    session_ttl: float = SESSION_TTL
 
 
 def parse_hosts(text: str | None) -> tuple[str, ...]:
@@ -51,6 +55,7 @@ def prepare(options: ServeOptions) -> KeyRing:
     """Parse the keys and check the address; raise ``InvalidOption`` saying what is wrong."""
     keys = KeyRing.parse(options.api_keys)
     check_bind(options.host, keys)
+    Sessions(options.session_secret, options.session_ttl)  # its options are checked here
     return keys
 
 
@@ -71,6 +76,8 @@ def serve(options: ServeOptions) -> None:
         workers=options.workers,
         reconcile_interval=options.reconcile_interval,
         allowed_hosts=options.allowed_hosts,
+        session_secret=options.session_secret,
+        session_ttl=options.session_ttl,
     )
     config = uvicorn.Config(
         app,
