@@ -317,3 +317,14 @@ def test_sessions_expire(tmp_path: Path) -> None:
         assert with_cookie(served.url, cookie) == 200
         time.sleep(2.1)  # the cookie's expiry has one-second resolution
         assert with_cookie(served.url, cookie) == 401
+
+
+# -- defect 10: the small ones ---------------------------------------------------------------
+def test_healthz_shows_the_backend_kind_to_anonymous_callers(keyed_server: Served) -> None:
+    url = keyed_server.url
+    r = httpx.get(f"{url}/healthz")
+    assert r.status_code == 200 and r.json() == {"status": "ok", "backend": "sqlite"}
+    r = httpx.get(f"{url}/healthz", headers=bearer("wrong-key-0123456789abcdef"))
+    assert r.json()["backend"] == "sqlite"
+    r = httpx.get(f"{url}/healthz", headers=bearer(SENDER))
+    assert r.json()["backend"].startswith("sqlite:///") and "serve.db" in r.json()["backend"]

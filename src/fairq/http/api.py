@@ -13,6 +13,7 @@ import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 import orjson
@@ -25,7 +26,7 @@ from ..errors import InvalidOption, QueueNotFound
 from ..message import check_key, check_name
 from ..pubsub import Topic
 from . import models as m
-from .auth import Scope
+from .auth import Principal, Scope
 from .errors import ApiError
 from .nesting import MAX_DEPTH, too_deep
 
@@ -74,6 +75,8 @@ class Call:
     path: dict[str, str]
     body: Any = None
     query: Any = None
+    #: who made the request; None on a public route called without a valid key
+    principal: Principal | None = None
 
     @property
     def broker(self) -> Broker:
@@ -448,7 +451,9 @@ async def overview(c: Call) -> m.Overview:
 
 async def healthz(c: Call) -> m.Health:
     await c.broker.list_queues("")  # the backend answers
-    return m.Health("ok", c.broker.url)
+    # the URL names hosts, users, paths: only for callers who may read the server anyway
+    url = c.broker.url
+    return m.Health("ok", url if c.principal is not None else urlsplit(url).scheme)
 
 
 async def metrics(c: Call) -> Response:
@@ -577,7 +582,9 @@ ROUTES: tuple[Route, ...] = (
           "domains: everything the dashboard shows", overview, response=m.Overview),
     # the server
     Route("GET", "/healthz", "healthz", "server", "public",
-          "Health: 200 when the server and its backend answer", healthz, response=m.Health),
+          "Health: 200 when the server and its backend answer", healthz, response=m.Health,
+          description="`backend` is the backend's kind (`sqlite`), or its URL (password "
+          "masked) when the request carries a valid key or the server has none."),
     Route("GET", "/metrics", "metrics", "server", "read",
           "Prometheus metrics (text format 0.0.4), read fresh at each scrape", metrics,
           response=str),

@@ -39,7 +39,7 @@ from ..broker import Broker, connect
 from ..errors import FairqError
 from . import api
 from . import models as m
-from .auth import COOKIE, KeyRing, require
+from .auth import COOKIE, KeyRing, Principal, require
 from .errors import ApiError, error_for
 from .guard import BrowserGuard, HostPolicy
 from .metrics import Metrics, RequestTimer
@@ -90,11 +90,18 @@ def endpoint(
         if route.stream:
             request.scope["fairq.stream"] = True
         try:
+            principal: Principal | None
             if route.scope != "public":
                 principal = keys.authenticate(request.headers, request.cookies, sessions)
                 require(principal, route.scope)
                 _check_cookie_request(request, keys)
+            else:  # who it is decides only what a public route shows
+                try:
+                    principal = keys.authenticate(request.headers, request.cookies, sessions)
+                except ApiError:
+                    principal = None
             call = api.Call(request, _state(request), dict(request.path_params))
+            call.principal = principal
             if decoder is not None:
                 raw = await request.body()
                 if too_deep(raw):

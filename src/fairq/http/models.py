@@ -414,6 +414,9 @@ class History(Struct, kw_only=True):
 
 
 class Health(Struct):
+    """``backend``: the backend's kind, or its URL (password masked) for a caller with a
+    valid key (or any caller of a server without keys)."""
+
     status: str
     backend: str
 
