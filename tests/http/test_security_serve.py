@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -328,3 +329,41 @@ def test_healthz_shows_the_backend_kind_to_anonymous_callers(keyed_server: Serve
     assert r.json()["backend"] == "sqlite"
     r = httpx.get(f"{url}/healthz", headers=bearer(SENDER))
     assert r.json()["backend"].startswith("sqlite:///") and "serve.db" in r.json()["backend"]
+
+
+SEEDED = """\
+# what an attacker who has recovered a Mersenne Twister's state knows (624 outputs of it
+# suffice): every random.Random made in this process starts from seed 1234
+import random
+
+_init = random.Random.__init__
+
+
+def _known_state(self, x=None):
+    _init(self, 1234)
+
+
+random.Random.__init__ = _known_state
+"""
+
+
+def test_lease_receipts_do_not_come_from_a_predictable_generator(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(SEEDED)
+    known = random.Random(1234)
+    predicted = [f"{known.getrandbits(62) | 1:x}" for _ in range(3)]
+    env = {"PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    with serve(tmp_path, env=env) as served:
+        url = served.url
+        assert httpx.put(f"{url}/v1/queues/jobs").status_code == 200
+        sent = httpx.post(
+            f"{url}/v1/queues/jobs/messages", json={"messages": [{"body": i} for i in range(3)]}
+        )
+        assert sent.status_code == 200
+        leases = []
+        for _ in range(3):
+            got = httpx.post(f"{url}/v1/queues/jobs/receive", json={}).json()["messages"]
+            leases.append(got[0]["receipt"].split(".")[1])
+    assert len(set(leases)) == 3
+    assert not set(leases) & set(predicted), "the receipts were predicted"

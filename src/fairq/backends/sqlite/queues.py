@@ -12,7 +12,7 @@ from __future__ import annotations
 import orjson
 
 from ...errors import LeaseLost
-from ...message import Received
+from ...message import Received, new_lease
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..rules import (
     check_priorities,
@@ -130,7 +130,7 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
         if not rows:
             continue
         until = now + (cfg.visibility_timeout if visibility_timeout is None else visibility_timeout)
-        lease = t.store.rng.getrandbits(62) | 1
+        lease = new_lease()
         ids = [r[ID] for r in rows]
         conn.execute(
             "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "

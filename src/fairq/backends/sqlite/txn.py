@@ -9,7 +9,6 @@ message states mean, in ``schema.sql``.
 from __future__ import annotations
 
 import math
-import random
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -141,7 +140,6 @@ class Store:
         self.last_id: int | None = None
         self.due = -math.inf  # earliest avail_at of a waiting row, -inf: unknown
         self.data_version: int | None = None
-        self.rng = random.Random()
 
     def forget_queues(self) -> None:
         """Forget the cached queue and topic definitions."""
