@@ -367,3 +367,23 @@ def test_lease_receipts_do_not_come_from_a_predictable_generator(tmp_path: Path)
             leases.append(got[0]["receipt"].split(".")[1])
     assert len(set(leases)) == 3
     assert not set(leases) & set(predicted), "the receipts were predicted"
+
+
+def test_tickets_have_one_spelling(tmp_path: Path) -> None:
+    import fairq
+
+    with fairq.connect_sync(f"sqlite:///{tmp_path / 'serve.db'}") as broker:
+        broker.waiting_room("ev-88", admit_rate=1.0)
+    with serve(tmp_path) as served:
+        url = served.url
+        r = httpx.post(f"{url}/rooms/ev-88/join", headers={"Accept": "application/json"})
+        assert r.status_code == 200, r.text
+        ticket = r.json()["ticket"]
+        seq, rest = ticket.split(".", 1)
+        assert seq == "1"
+        status = f"{url}/rooms/ev-88/status"
+        assert httpx.get(status, params={"ticket": ticket}).status_code == 200
+        for spelling in ("0x1", "0X1", "+1", "0001", " 1", "1 ", "01"):
+            r = httpx.get(status, params={"ticket": f"{spelling}.{rest}"})
+            assert r.status_code == 400, spelling
+            assert r.json()["error"] == "invalid_ticket"
