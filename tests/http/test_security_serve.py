@@ -3,6 +3,7 @@ replays one defect an outside review found, as an attacker would send it."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import random
@@ -387,3 +388,50 @@ def test_tickets_have_one_spelling(tmp_path: Path) -> None:
             r = httpx.get(status, params={"ticket": f"{spelling}.{rest}"})
             assert r.status_code == 400, spelling
             assert r.json()["error"] == "invalid_ticket"
+
+
+async def test_waiting_requests_are_capped_per_server(tmp_path: Path) -> None:
+    with serve(tmp_path, "--max-waiting", "3") as served:
+        async with httpx.AsyncClient(base_url=served.url, timeout=30) as http:
+            assert (await http.put("/v1/queues/idle")).status_code == 200
+            assert (await http.put("/v1/topics/news")).status_code == 200
+            poll = {"wait": 20}
+            polls = [
+                asyncio.create_task(http.post("/v1/queues/idle/receive", json=poll))
+                for _ in range(3)
+            ]
+            await asyncio.sleep(0.5)  # the three are waiting
+            started = time.monotonic()
+            r = await http.post("/v1/queues/idle/receive", json=poll)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"] == "server_busy" and r.headers["retry-after"] == "1"
+            assert time.monotonic() - started < 5, "refused at once, not after waiting"
+            async with http.stream("GET", "/v1/topics/news/stream") as stream:
+                assert stream.status_code == 503
+            # what does not wait is never refused
+            r = await http.post("/v1/queues/idle/receive", json={"wait": 0})
+            assert r.status_code == 200
+            sent = await http.post(
+                "/v1/queues/idle/messages", json={"messages": [{"body": i} for i in range(3)]}
+            )
+            assert sent.status_code == 200
+            answers = await asyncio.gather(*polls)
+            assert [len(a.json()["messages"]) for a in answers] == [1, 1, 1]
+            # the slots are free again; a stream holds one for as long as it lasts
+            streams = []
+            for _ in range(3):
+                s = http.stream("GET", "/v1/topics/news/stream")
+                streams.append(s)
+                assert (await s.__aenter__()).status_code == 200
+            r = await http.post("/v1/queues/idle/receive", json={"wait": 1})
+            assert r.status_code == 503
+            await streams.pop().__aexit__(None, None, None)
+            for _ in range(50):  # the server notices the client left
+                r = await http.post("/v1/queues/idle/receive", json={"wait": 0.1})
+                if r.status_code == 200:
+                    break
+                await asyncio.sleep(0.1)
+            assert r.status_code == 200
+            for s in streams:
+                await s.__aexit__(None, None, None)
+        no_traceback(served)

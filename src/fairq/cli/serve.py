@@ -55,6 +55,13 @@ def serve(
             "answered (DNS rebinding).",
         ),
     ] = None,
+    max_waiting: Annotated[
+        int,
+        typer.Option(
+            help="Most topic streams, long polls and blocked sends at once; past it: 503 "
+            "with Retry-After.",
+        ),
+    ] = 100,
     session_ttl: Annotated[
         float,
         typer.Option(
@@ -100,6 +107,7 @@ def serve(
         forwarded_allow_ips=forwarded_allow_ips,
         session_secret=os.environ.get("FAIRQ_SESSION_SECRET") or None,
         session_ttl=session_ttl,
+        max_waiting=max_waiting,
     )
     try:
         keys = prepare(options)

@@ -48,6 +48,7 @@ from .nesting import MAX_DEPTH, too_deep
 from .openapi import openapi
 from .sampler import Sampler
 from .session import SESSION_TTL, Sessions
+from .waiting import MAX_WAITING, Holding, WaitSlots, may_wait, waits
 
 __all__ = ["BodyLimit", "create_app", "error_response"]
 
@@ -74,9 +75,14 @@ def _state(request: Request) -> api.ServerState:
 
 
 def endpoint(
-    route: api.Route, keys: KeyRing, sessions: Sessions | None = None
+    route: api.Route,
+    keys: KeyRing,
+    sessions: Sessions | None = None,
+    waiting: WaitSlots | None = None,
 ) -> Callable[[Request], Awaitable[Response]]:
-    """The Starlette endpoint of one API route (``sessions``: the dashboard's)."""
+    """The Starlette endpoint of one API route (``sessions``: the dashboard's;
+    ``waiting``: the server's cap on streams, long polls and blocked sends)."""
+    capped = waiting is not None and may_wait(route.stream, route.body)
     body_type = route.body
     body_required = body_type is not None and any(
         f.required for f in msgspec.structs.fields(body_type)
@@ -118,7 +124,26 @@ def endpoint(
                     call.body = msgspec.convert(_integral(msgspec.json.decode(raw)), body_type)
             if route.query is not None:
                 call.query = msgspec.convert(dict(request.query_params), route.query, strict=False)
-            result = await route.handler(call)
+            if capped and waits(route.stream, call.body):
+                assert waiting is not None
+                if not waiting.take():
+                    return error_response(
+                        503,
+                        "server_busy",
+                        f"{waiting.limit} requests already wait here (streams, long polls, "
+                        "blocked sends): retry shortly",
+                        {"Retry-After": "1"},
+                    )
+                try:
+                    result = await route.handler(call)
+                except BaseException:
+                    waiting.give()
+                    raise
+                if isinstance(result, Response) and route.stream:
+                    return Holding(result, waiting.give)  # held while the stream lasts
+                waiting.give()
+            else:
+                result = await route.handler(call)
         except msgspec.ValidationError as exc:
             return error_response(422, "validation_error", str(exc))
         except msgspec.DecodeError as exc:
@@ -355,6 +380,7 @@ def create_app(
     allowed_hosts: Iterable[str] | None = None,
     session_secret: bytes | str | None = None,
     session_ttl: float = SESSION_TTL,
+    max_waiting: int = MAX_WAITING,
 ) -> Starlette:
     """The app serving ``broker`` (or a broker it connects to ``url`` at start-up and
     closes at shutdown). ``keys`` None or empty: no authentication (keep it on
@@ -365,10 +391,12 @@ def create_app(
     ``name:port``; ``"*"``: any). Without keys only those are answered, against DNS
     rebinding; with keys any name is, unless some are given (:mod:`fairq.http.guard`).
     ``session_secret`` signs the dashboard's session cookies (None: drawn at start, so a
-    restart ends every session), which last ``session_ttl`` seconds.
+    restart ends every session), which last ``session_ttl`` seconds. ``max_waiting``: the
+    most streams, long polls and blocked sends at once (:mod:`fairq.http.waiting`).
     """
     keys = keys or KeyRing()
     sessions = Sessions(session_secret, session_ttl)
+    waiting = WaitSlots(max_waiting)
     hosts = list(allowed_hosts or ())
     host_policy = HostPolicy(hosts) if hosts or not keys.enabled else None
     limits = limits or api.Limits()
@@ -406,7 +434,7 @@ def create_app(
 
     by_path: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
     for r in api.ROUTES:
-        by_path.setdefault(r.path, {})[r.method] = endpoint(r, keys, sessions)
+        by_path.setdefault(r.path, {})[r.method] = endpoint(r, keys, sessions, waiting)
     # one Starlette route per path, so a 405 lists every method of the path in Allow
     routes: list[BaseRoute] = [
         Route(path, _dispatch(handlers), methods=list(handlers))

@@ -81,6 +81,7 @@ PROTOCOL_ERRORS: dict[str, int] = {
     "body_too_large": 413,
     "unsupported_media_type": 415,
     "validation_error": 422,  # the JSON does not fit the operation's schema
+    "server_busy": 503,  # too many streams, long polls and blocked sends at once
 }
 
 

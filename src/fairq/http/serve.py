@@ -12,9 +12,11 @@ import logging
 import re
 from dataclasses import dataclass
 
+from ..errors import InvalidOption
 from .api import Limits
 from .auth import KeyRing, check_bind
 from .session import SESSION_TTL, Sessions
+from .waiting import MAX_WAITING, WaitSlots
 
 __all__ = ["ServeOptions", "parse_hosts", "serve"]
 
@@ -44,6 +46,8 @@ class ServeOptions:
     #: signs the dashboard's sessions (``FAIRQ_SESSION_SECRET``; None: drawn at start)
     session_secret: str | None = None
     session_ttl: float = SESSION_TTL
+    #: the most streams, long polls and blocked sends at once
+    max_waiting: int = MAX_WAITING
 
 
 def parse_hosts(text: str | None) -> tuple[str, ...]:
@@ -56,6 +60,10 @@ def prepare(options: ServeOptions) -> KeyRing:
     keys = KeyRing.parse(options.api_keys)
     check_bind(options.host, keys)
     Sessions(options.session_secret, options.session_ttl)  # its options are checked here
+    try:
+        WaitSlots(options.max_waiting)
+    except ValueError as exc:
+        raise InvalidOption(str(exc)) from None
     return keys
 
 
@@ -78,6 +86,7 @@ def serve(options: ServeOptions) -> None:
         allowed_hosts=options.allowed_hosts,
         session_secret=options.session_secret,
         session_ttl=options.session_ttl,
+        max_waiting=options.max_waiting,
     )
     config = uvicorn.Config(
         app,
