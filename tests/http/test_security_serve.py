@@ -435,3 +435,37 @@ async def test_waiting_requests_are_capped_per_server(tmp_path: Path) -> None:
             for s in streams:
                 await s.__aexit__(None, None, None)
         no_traceback(served)
+
+
+async def client_queues(url: str) -> list[str]:
+    from fairq.http import Client
+
+    async with Client(url) as client:
+        return await client.list_queues()
+
+
+def test_the_queue_list_comes_in_pages(tmp_path: Path) -> None:
+    import fairq
+
+    with fairq.connect_sync(f"sqlite:///{tmp_path / 'serve.db'}") as broker:
+        for i in range(250):
+            broker.declare_queue(f"q{i:04d}", dead_letter=None)
+    with serve(tmp_path) as served:
+        url = served.url
+        first = httpx.get(f"{url}/v1/queues").json()
+        assert len(first["queues"]) == 100, "one page by default, not every queue"
+        names = [q["name"] for q in first["queues"]]
+        cursor = first["next_cursor"]
+        while cursor:
+            page = httpx.get(f"{url}/v1/queues", params={"cursor": cursor, "limit": 70}).json()
+            assert len(page["queues"]) <= 70
+            names += [q["name"] for q in page["queues"]]
+            cursor = page["next_cursor"]
+        assert names == [f"q{i:04d}" for i in range(250)]
+        whole = httpx.get(f"{url}/v1/queues", params={"limit": 1000}).json()
+        assert len(whole["queues"]) == 250 and whole["next_cursor"] is None
+        assert httpx.get(f"{url}/v1/queues", params={"limit": 1001}).status_code == 422
+        some = httpx.get(f"{url}/v1/queues", params={"prefix": "q01", "limit": 5}).json()
+        assert [q["name"] for q in some["queues"]] == [f"q{i:04d}" for i in range(100, 105)]
+        # fairq.http.Client (and the CLI's --server) follow the pages
+        assert len(asyncio.run(client_queues(url))) == 250

@@ -140,14 +140,19 @@ async def queue_info(broker: Broker, name: str) -> m.QueueInfo:
 
 
 async def list_queues(c: Call) -> m.QueueList:
-    q: m.PrefixQuery = c.query
+    q: m.QueueListQuery = c.query
+    # names are cheap; each queue's options and stats are not: only a page of them is read
+    names = sorted(await c.broker.list_queues(q.prefix))
+    if q.cursor is not None:
+        names = [n for n in names if n > q.cursor]
+    page = names[: q.limit]
     infos = []
-    for name in await c.broker.list_queues(q.prefix):
+    for name in page:
         try:
             infos.append(await queue_info(c.broker, name))
         except QueueNotFound:  # deleted meanwhile
             continue
-    return m.QueueList(infos)
+    return m.QueueList(infos, page[-1] if len(names) > q.limit else None)
 
 
 async def declare_queue(c: Call) -> m.QueueInfo:
@@ -469,7 +474,9 @@ E_Q = (400, 404, 422)
 ROUTES: tuple[Route, ...] = (
     # queues
     Route("GET", "/v1/queues", "listQueues", Q, "read", "List queues with their options and stats",
-          list_queues, query=m.PrefixQuery, response=m.QueueList),
+          list_queues, query=m.QueueListQuery, response=m.QueueList,
+          description="A page of at most `limit` queues by name; pass `next_cursor` as "
+          "`cursor` for the next page (null: the last)."),
     Route("PUT", "/v1/queues/{queue}", "declareQueue", Q, "admin",
           "Declare a queue (create, or update its options)", declare_queue,
           body=m.QueueOptions, response=m.QueueInfo, errors=(400, 409, 422),
