@@ -469,3 +469,49 @@ def test_the_queue_list_comes_in_pages(tmp_path: Path) -> None:
         assert [q["name"] for q in some["queues"]] == [f"q{i:04d}" for i in range(100, 105)]
         # fairq.http.Client (and the CLI's --server) follow the pages
         assert len(asyncio.run(client_queues(url))) == 250
+
+
+def test_rooms_made_with_a_secret_are_served_with_fairq_room_secrets(tmp_path: Path) -> None:
+    import base64
+
+    import fairq
+
+    secret = os.urandom(32)
+    with fairq.connect_sync(f"sqlite:///{tmp_path / 'serve.db'}") as broker:
+        broker.waiting_room("ev-88", admit_rate=1000.0, secret=secret)
+        broker.waiting_room("ev-99", admit_rate=1000.0)  # its key kept in the backend
+    json_ = {"Accept": "application/json"}
+    with serve(tmp_path) as served:
+        for r in (
+            httpx.post(f"{served.url}/rooms/ev-88/join", headers=json_),
+            httpx.get(f"{served.url}/rooms/ev-88"),
+        ):
+            assert r.status_code == 503, r.text
+            assert r.json()["error"] == "room_secret_missing"
+            assert "FAIRQ_ROOM_SECRETS" in r.json()["detail"], "the error says what to do"
+        assert httpx.post(f"{served.url}/rooms/ev-99/join", headers=json_).status_code == 200
+        assert "Traceback" not in served.log()
+    wrong = {"FAIRQ_ROOM_SECRETS": f"ev-88={os.urandom(32).hex()}"}
+    with serve(tmp_path, env=wrong) as served:
+        r = httpx.get(f"{served.url}/rooms/ev-88")
+        assert r.status_code == 503 and "another secret" in r.json()["detail"]
+    for given in (f"ev-88={base64.urlsafe_b64encode(secret).decode()}", f"*={secret.hex()}"):
+        with serve(tmp_path, env={"FAIRQ_ROOM_SECRETS": given}) as served:
+            r = httpx.post(f"{served.url}/rooms/ev-88/join", headers=json_)
+            assert r.status_code == 200, (given, r.text)
+            assert httpx.get(f"{served.url}/rooms/ev-88").status_code == 200
+            # a room without a secret is still served beside "*"
+            assert httpx.get(f"{served.url}/rooms/ev-99").status_code == 200
+
+
+def test_fairq_room_secrets_are_checked_at_start(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "fairq", "serve", "--port", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "FAIRQ_API_KEYS": "", "FAIRQ_ROOM_SECRETS": "ev-88:hunter2hunter2"},
+    )
+    assert out.returncode == 2
+    assert "FAIRQ_ROOM_SECRETS" in out.stderr and "hunter2" not in out.stderr

@@ -108,6 +108,7 @@ def serve(
         session_secret=os.environ.get("FAIRQ_SESSION_SECRET") or None,
         session_ttl=session_ttl,
         max_waiting=max_waiting,
+        room_secrets=os.environ.get("FAIRQ_ROOM_SECRETS"),
     )
     try:
         keys = prepare(options)

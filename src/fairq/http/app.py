@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -319,14 +319,16 @@ def dashboard_routes(keys: KeyRing, sessions: Sessions) -> list[BaseRoute]:
 
 
 # -- the app -------------------------------------------------------------------------------
-def _room_routes() -> list[BaseRoute]:
+def _room_routes(secrets: Mapping[str, bytes]) -> list[BaseRoute]:
     """The waiting rooms' pages and JSON (:mod:`fairq.http.rooms`, public: fans hold no
-    API key), when the ``room`` extra is installed."""
+    API key), when the ``room`` extra is installed; ``secrets`` as ``rooms_routes``'s."""
     try:
         from .rooms import rooms_routes
     except ImportError:  # pragma: no cover - depends on the install
         return []
-    return rooms_routes(lambda request: _state(request).broker, prefix=ROOMS_PREFIX)
+    return rooms_routes(
+        lambda request: _state(request).broker, secrets=secrets, prefix=ROOMS_PREFIX
+    )
 
 
 def _dispatch(
@@ -381,6 +383,7 @@ def create_app(
     session_secret: bytes | str | None = None,
     session_ttl: float = SESSION_TTL,
     max_waiting: int = MAX_WAITING,
+    room_secrets: Mapping[str, bytes] | None = None,
 ) -> Starlette:
     """The app serving ``broker`` (or a broker it connects to ``url`` at start-up and
     closes at shutdown). ``keys`` None or empty: no authentication (keep it on
@@ -393,6 +396,8 @@ def create_app(
     ``session_secret`` signs the dashboard's session cookies (None: drawn at start, so a
     restart ends every session), which last ``session_ttl`` seconds. ``max_waiting``: the
     most streams, long polls and blocked sends at once (:mod:`fairq.http.waiting`).
+    ``room_secrets``: room name (or ``"*"``) → the ``secret=`` a room was made with, so
+    that its pages can be served.
     """
     keys = keys or KeyRing()
     sessions = Sessions(session_secret, session_ttl)
@@ -441,7 +446,7 @@ def create_app(
         for path, handlers in by_path.items()
     ]
     routes += dashboard_routes(keys, sessions)
-    routes += _room_routes()
+    routes += _room_routes(room_secrets or {})
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

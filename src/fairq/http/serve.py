@@ -8,17 +8,21 @@ server refuses any address but loopback, and says why, and answers only to loopb
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import logging
 import re
 from dataclasses import dataclass
 
 from ..errors import InvalidOption
+from ..message import check_name
 from .api import Limits
 from .auth import KeyRing, check_bind
 from .session import SESSION_TTL, Sessions
 from .waiting import MAX_WAITING, WaitSlots
 
-__all__ = ["ServeOptions", "parse_hosts", "serve"]
+__all__ = ["ServeOptions", "parse_hosts", "parse_room_secrets", "serve"]
 
 log = logging.getLogger("fairq.http")
 
@@ -48,11 +52,56 @@ class ServeOptions:
     session_ttl: float = SESSION_TTL
     #: the most streams, long polls and blocked sends at once
     max_waiting: int = MAX_WAITING
+    #: ``FAIRQ_ROOM_SECRETS``: the secrets of rooms made with ``secret=``
+    room_secrets: str | None = None
 
 
 def parse_hosts(text: str | None) -> tuple[str, ...]:
     """The host names of ``FAIRQ_ALLOWED_HOSTS``: separated by commas or white space."""
     return tuple(h for h in re.split(r"[,\s]+", text or "") if h)
+
+
+def _secret_bytes(text: str) -> bytes | None:
+    """The 32 bytes a secret spells: 64 hex digits, base64 (standard or URL-safe, padding
+    optional), or 32 bytes of text as ``secret=`` takes a str — none of them ambiguous."""
+    if len(text) == 64:
+        with contextlib.suppress(ValueError):
+            return bytes.fromhex(text)
+    if len(text) in (43, 44):
+        standard = text.replace("-", "+").replace("_", "/")
+        with contextlib.suppress(ValueError, binascii.Error):
+            raw = base64.b64decode(standard + "=" * (-len(standard) % 4), validate=True)
+            if len(raw) == 32:
+                return raw
+    raw = text.encode()
+    return raw if len(raw) == 32 else None
+
+
+def parse_room_secrets(text: str | None) -> dict[str, bytes]:
+    """The ``FAIRQ_ROOM_SECRETS`` format: entries separated by commas or newlines, each
+    ``ROOM=SECRET`` (``*=SECRET``: every room made with a secret and not named); SECRET as
+    ``_secret_bytes`` reads it. ``InvalidOption`` names a bad entry, never its secret."""
+    out: dict[str, bytes] = {}
+    for n, raw in enumerate(re.split(r"[,\n]", text or ""), 1):
+        entry = raw.strip()
+        if not entry:
+            continue
+        room, sep, secret_text = entry.partition("=")
+        room = room.strip()
+        if not sep or not room:  # the entry itself is not shown: it may hold a secret
+            raise InvalidOption(f"FAIRQ_ROOM_SECRETS: entry {n} is not ROOM=SECRET")
+        if room != "*":
+            check_name(room, "waiting room")
+        secret = _secret_bytes(secret_text.strip())
+        if secret is None:
+            raise InvalidOption(
+                f"FAIRQ_ROOM_SECRETS: the secret of {room!r} must be 32 bytes: 64 hex "
+                "digits, base64 of 32 bytes, or 32 characters of text"
+            )
+        if room in out:
+            raise InvalidOption(f"FAIRQ_ROOM_SECRETS names {room!r} twice")
+        out[room] = secret
+    return out
 
 
 def prepare(options: ServeOptions) -> KeyRing:
@@ -64,6 +113,7 @@ def prepare(options: ServeOptions) -> KeyRing:
         WaitSlots(options.max_waiting)
     except ValueError as exc:
         raise InvalidOption(str(exc)) from None
+    parse_room_secrets(options.room_secrets)
     return keys
 
 
@@ -87,6 +137,7 @@ def serve(options: ServeOptions) -> None:
         session_secret=options.session_secret,
         session_ttl=options.session_ttl,
         max_waiting=options.max_waiting,
+        room_secrets=parse_room_secrets(options.room_secrets),
     )
     config = uvicorn.Config(
         app,
