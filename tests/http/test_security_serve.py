@@ -506,11 +506,11 @@ def test_rooms_made_with_a_secret_are_served_with_fairq_room_secrets(tmp_path: P
 
 def test_fairq_room_secrets_are_checked_at_start(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "fairq", "serve", "--port", "1"],
+        [sys.executable, "-m", "fairq", "serve", "--port", str(free_port())],
         cwd=tmp_path,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=30,  # a server that starts anyway is stopped by this (and fails the test)
         env={**os.environ, "FAIRQ_API_KEYS": "", "FAIRQ_ROOM_SECRETS": "ev-88:hunter2hunter2"},
     )
     assert out.returncode == 2
