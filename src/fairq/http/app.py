@@ -5,12 +5,15 @@
     app = create_app(url="sqlite:///fairq.db")          # or create_app(broker)
     # uvicorn.run(app, host="127.0.0.1", port=8040)  — or: fairq serve
 
-Around the routes, two pure-ASGI layers: :class:`~fairq.http.metrics.RequestTimer`
-(latency histogram) and :class:`BodyLimit` (a body over the limit is refused with 413
-from its ``Content-Length``, or as soon as the bytes read pass the limit — never read
-whole). Every route of :data:`fairq.http.api.ROUTES` goes through :func:`endpoint`,
-which authenticates, checks the scope, decodes the body and query with the route's
-models and turns every error into ``{"error": code, "detail": text}``.
+Around the routes, three pure-ASGI layers: :class:`~fairq.http.metrics.RequestTimer`
+(latency histogram), :class:`~fairq.http.guard.BrowserGuard` (the ``Host`` check against
+DNS rebinding, the ``Origin`` check against cross-site requests) and :class:`BodyLimit`
+(a body over the limit is refused with 413 from its ``Content-Length``, or as soon as the
+bytes read pass the limit — never read whole). Every route of
+:data:`fairq.http.api.ROUTES` goes through :func:`endpoint`, which authenticates, checks
+the scope, bounds the JSON's nesting, decodes the body and query with the route's models,
+holds a slot of the waiting cap for streams and long polls, and turns every error into
+``{"error": code, "detail": text}``.
 
 The lifespan connects the broker (unless one is given), runs the stats sampler and,
 with ``workers=True``, push-subscription deliveries (``Worker.push()``) and the attention
