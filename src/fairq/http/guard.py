@@ -90,6 +90,8 @@ class HostPolicy:
         if not host:
             return False
         name, port = split_host(host)
+        if port is not None and not port.isdigit():
+            return False  # "127.0.0.1:80@evil.example" names no port of ours
         if is_loopback(name):
             return True
         return name in self.names or (port is not None and (name, port) in self.pairs)
