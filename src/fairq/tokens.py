@@ -138,8 +138,8 @@ class RoomKeys:
             seq = 0
         if (
             seq < 1
+            or seq_part != f"{seq:x}"  # one spelling per ticket: no 0x1, +1, 0001, 1_0
             or not fan
-            or len(seq_part) > 16
             or not hmac.compare_digest(mac, self._mac(seq, fan))
         ):
             raise InvalidTicket(f"not a ticket of waiting room {self.room!r}")

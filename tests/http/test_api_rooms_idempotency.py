@@ -28,8 +28,9 @@ def ok(r: httpx.Response, status: int = 200) -> Any:
     return r.json() if r.content else None
 
 
-def err(r: httpx.Response, status: int, code: str) -> None:
+def err(r: httpx.Response, status: int, code: str) -> Any:
     assert (r.status_code, r.json()["error"]) == (status, code), r.text
+    return r.json()
 
 
 # -- waiting rooms -----------------------------------------------------------------------------
@@ -135,8 +136,24 @@ async def test_a_room_made_with_its_own_secret_is_managed_but_not_joined(app: Se
     assert ok(await api.get("/v1/rooms/vip"))["name"] == "vip"
     assert ok(await api.post("/v1/rooms/vip/admit", json={"n": 5})) == {"admitted": 0}
     assert ok(await api.put("/v1/rooms/vip/rate", json={"rate": 3}))["admit_rate"] == 3.0
-    err(await api.post("/v1/rooms/vip/join", json={"fan": "f"}), 422, "invalid_option")
+    answer = err(
+        await api.post("/v1/rooms/vip/join", json={"fan": "f"}), 503, "room_secret_missing"
+    )
+    assert "FAIRQ_ROOM_SECRETS" in answer["detail"]
     assert ok(await api.post("/v1/rooms/vip/sold-out")) == {"waiting": 0}
+
+
+async def test_a_room_made_with_its_own_secret_is_joined_with_the_servers_copy(
+    broker: fairq.Broker,
+) -> None:
+    secret = secrets.token_bytes(32)
+    room = await broker.waiting_room("vip", admit_rate=0, secret=secret)
+    async with serving(broker, room_secrets={"vip": secret}) as s:
+        t = ok(await s.http.post("/v1/rooms/vip/join", json={"fan": "f"}))
+        assert t["position"] == 0
+        await room.admit(1)
+        st = ok(await s.http.get("/v1/rooms/vip/status", params={"ticket": t["ticket"]}))
+        assert st["state"] == "admitted" and room.verify(st["token"])["fan"] == "f"
 
 
 # -- idempotency keys --------------------------------------------------------------------------

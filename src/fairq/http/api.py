@@ -10,9 +10,10 @@ decoded, checked values and returns a response model (or None for ``204``).
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 import orjson
@@ -28,8 +29,9 @@ from ..waitingroom import RoomStats, Status, Ticket
 from . import api_idempotency as idem
 from . import api_rooms as rooms
 from . import models as m
-from .auth import Scope
+from .auth import Principal, Scope
 from .errors import ApiError
+from .nesting import MAX_DEPTH, too_deep
 
 InfoT = TypeVar("InfoT")
 
@@ -65,6 +67,8 @@ class ServerState:
     sampler: Sampler
     metrics: Metrics
     auth: bool = False
+    #: room name (or "*") -> the secret= a room was made with (``FAIRQ_ROOM_SECRETS``)
+    room_secrets: Mapping[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -76,6 +80,8 @@ class Call:
     path: dict[str, str]
     body: Any = None
     query: Any = None
+    #: who made the request; None on a public route called without a valid key
+    principal: Principal | None = None
 
     @property
     def broker(self) -> Broker:
@@ -143,14 +149,19 @@ async def queue_info(broker: Broker, name: str) -> m.QueueInfo:
 
 
 async def list_queues(c: Call) -> m.QueueList:
-    q: m.PrefixQuery = c.query
+    q: m.QueueListQuery = c.query
+    # names are cheap; each queue's options and stats are not: only a page of them is read
+    names = sorted(await c.broker.list_queues(q.prefix))
+    if q.cursor is not None:
+        names = [n for n in names if n > q.cursor]
+    page = names[: q.limit]
     infos = []
-    for name in await c.broker.list_queues(q.prefix):
+    for name in page:
         try:
             infos.append(await queue_info(c.broker, name))
         except QueueNotFound:  # deleted meanwhile
             continue
-    return m.QueueList(infos)
+    return m.QueueList(infos, page[-1] if len(names) > q.limit else None)
 
 
 async def declare_queue(c: Call) -> m.QueueInfo:
@@ -333,6 +344,8 @@ async def stream(c: Call) -> Response:
     t = await _topic(c)
     policy = None
     if q.filter is not None:
+        if too_deep(q.filter):
+            raise ApiError(400, "bad_request", f"filter nests more than {MAX_DEPTH} levels deep")
         try:
             policy = orjson.loads(q.filter)
         except orjson.JSONDecodeError as exc:
@@ -452,7 +465,9 @@ async def overview(c: Call) -> m.Overview:
 
 async def healthz(c: Call) -> m.Health:
     await c.broker.list_queues("")  # the backend answers
-    return m.Health("ok", c.broker.url)
+    # the URL names hosts, users, paths: only for callers who may read the server anyway
+    url = c.broker.url
+    return m.Health("ok", url if c.principal is not None else urlsplit(url).scheme)
 
 
 async def metrics(c: Call) -> Response:
@@ -471,7 +486,9 @@ IKEY = "/v1/idempotency/{namespace}/keys/{key}"
 ROUTES: tuple[Route, ...] = (
     # queues
     Route("GET", "/v1/queues", "listQueues", Q, "read", "List queues with their options and stats",
-          list_queues, query=m.PrefixQuery, response=m.QueueList),
+          list_queues, query=m.QueueListQuery, response=m.QueueList,
+          description="A page of at most `limit` queues by name; pass `next_cursor` as "
+          "`cursor` for the next page (null: the last)."),
     Route("PUT", "/v1/queues/{queue}", "declareQueue", Q, "admin",
           "Declare a queue (create, or update its options)", declare_queue,
           body=m.QueueOptions, response=m.QueueInfo, errors=(400, 409, 422),
@@ -657,7 +674,9 @@ ROUTES: tuple[Route, ...] = (
           "domains: everything the dashboard shows", overview, response=m.Overview),
     # the server
     Route("GET", "/healthz", "healthz", "server", "public",
-          "Health: 200 when the server and its backend answer", healthz, response=m.Health),
+          "Health: 200 when the server and its backend answer", healthz, response=m.Health,
+          description="`backend` is the backend's kind (`sqlite`), or its URL (password "
+          "masked) when the request carries a valid key or the server has none."),
     Route("GET", "/metrics", "metrics", "server", "read",
           "Prometheus metrics (text format 0.0.4), read fresh at each scrape", metrics,
           response=str),

@@ -9,11 +9,12 @@ language verifies, or burns, admission tokens (``receive``). The fans' own pages
 
 Joining, status and tokens need the room's signing key. A room created here (or by the
 library without ``secret=``) keeps a generated key in the backend, so any process can sign;
-a room your app created with its own ``secret=`` is unknown to the server's keys, and
-those three answer ``422``. Everything else — stats, admitting, the rate, sold out,
-close, delete — needs no key and goes straight to the backend's atomic steps, so it
-works on every room. With ``--workers`` the server also runs the rooms' admitters
-(:func:`run_admitters`), so a room made over HTTP admits at its rate with no other process.
+a room your app created with its own ``secret=`` is served only when the server has that
+secret (``FAIRQ_ROOM_SECRETS``); else those three answer ``503 room_secret_missing``.
+Everything else — stats, admitting, the rate, sold out, close, delete — needs no key and
+goes straight to the backend's atomic steps, so it works on every room. With ``--workers``
+the server also runs the rooms' admitters (:func:`run_admitters`), so a room made over
+HTTP admits at its rate with no other process.
 """
 
 from __future__ import annotations
@@ -131,8 +132,15 @@ def _name(c: Call) -> str:
 
 
 async def _room(c: Call) -> WaitingRoom:
-    """The handle (with the room's signing key) for the fans' operations."""
-    return await c.broker.room(_name(c))
+    """The handle (with the room's signing key) for the fans' operations: a room made
+    with ``secret=`` needs that secret among the server's (``FAIRQ_ROOM_SECRETS``)."""
+    from .errors import ApiError
+    from .rooms import RoomSecretMissing, open_room
+
+    try:
+        return await open_room(c.broker, _name(c), c.state.room_secrets)
+    except RoomSecretMissing as exc:
+        raise ApiError(503, "room_secret_missing", str(exc)) from None
 
 
 async def list_rooms(c: Call) -> RoomList:

@@ -150,9 +150,16 @@ class Client:
         return list(await self.queue_stats(prefix))
 
     async def queue_stats(self, prefix: str = "") -> dict[str, QueueStats]:
-        """Every queue starting with ``prefix`` and its stats, in one call."""
-        data = await self.request("GET", "/v1/queues", params={"prefix": prefix})
-        return {q["name"]: dataclass_from(QueueStats, q["stats"]) for q in data["queues"]}
+        """Every queue starting with ``prefix`` and its stats (a call per 1,000 queues)."""
+        out: dict[str, QueueStats] = {}
+        params: dict[str, Any] = {"prefix": prefix, "limit": 1000}
+        while True:
+            data = await self.request("GET", "/v1/queues", params=params)
+            out.update((q["name"], dataclass_from(QueueStats, q["stats"])) for q in data["queues"])
+            cursor = data.get("next_cursor")
+            if not cursor:
+                return out
+            params["cursor"] = cursor
 
     async def redrive(self, queue: str, to: str | None = None, limit: int | None = None) -> int:
         """Move dead letters back to their source queue (or ``to``); how many moved."""

@@ -19,6 +19,7 @@ from .. import __version__
 from . import models as m
 from .api import PATH_PARAMS, ROUTES, Limits, Route
 from .errors import PROTOCOL_ERRORS
+from .waiting import may_wait
 
 __all__ = ["markdown", "openapi"]
 
@@ -34,6 +35,7 @@ _STATUS_TEXT = {
     413: "Request body or message too large",
     422: "Well-formed but not acceptable (schema, option or filter)",
     429: "A bounded queue is full; retry later",
+    503: "Too many requests wait at once (streams, long polls, blocked sends); retry later",
 }
 _SCOPE_TEXT = {
     "admin": "`admin`",
@@ -134,6 +136,8 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
         errors |= {422}
     if route.path_params:
         errors |= {400}
+    if may_wait(route.stream, route.body):
+        errors |= {503}
     secured = auth and route.scope != "public"
     if secured:
         errors |= {401, 403}

@@ -9,7 +9,6 @@ message states mean, in ``schema.sql``.
 from __future__ import annotations
 
 import math
-import random
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -153,7 +152,6 @@ class Store:
         self.saved_id: int | None = None  # fairq_meta.last_id as last read or written
         self.due = -math.inf  # earliest avail_at of a waiting row, -inf: unknown
         self.data_version: int | None = None
-        self.rng = random.Random()
 
     def forget_queues(self) -> None:
         """Forget the cached queue and topic definitions."""
