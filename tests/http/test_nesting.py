@@ -15,7 +15,16 @@ from fairq.http.api import ROUTES, Route
 from fairq.http.nesting import MAX_DEPTH, nesting_depth, too_deep
 
 BODY_ROUTES = [r for r in ROUTES if r.body is not None]
-SAMPLE = {"queue": "q", "topic": "t", "subscription": "s", "domain": "d", "key": "k"}
+SAMPLE = {
+    "queue": "q",
+    "topic": "t",
+    "subscription": "s",
+    "domain": "d",
+    "key": "k",
+    "room": "r",
+    "namespace": "n",
+    "entity": "e",
+}
 
 
 def path_of(route: Route) -> str:
@@ -57,6 +66,7 @@ async def test_every_operation_refuses_deep_nesting_with_400(
     await api.put("/v1/queues/q")
     await api.put("/v1/topics/t")
     await api.put("/v1/attention/d")
+    await api.put("/v1/rooms/r", json={})
     for body in cases(route):
         r = await api.request(
             route.method,
