@@ -120,11 +120,10 @@ def test_flash_sale_demo_on_postgres(tmp_path: Path, url: str) -> None:
 
     joined, admitted, told = row("fans joined"), row("fans admitted"), row("fans told sold out")
     assert joined == 400 and admitted + told == joined, out.stdout
-    # every seat is sold once at most, each sale through a hold; how many sell before the
-    # crowd gives up depends on the machine's load (a seat whose hold expires after the
-    # last fan left stays unsold: the demo's timing, not the backend's)
-    sold = row("seats sold")
-    assert 0 < sold <= 60 and row("holds made (token checked and burnt)") >= sold, out.stdout
+    # every seat is sold once at most, through holds (a hold may take several seats); how
+    # many sell before the crowd gives up depends on the machine's load (a seat whose hold
+    # expires after the last fan left stays unsold: the demo's timing, not the backend's)
+    assert 0 < row("seats sold") <= 60 and row("holds made (token checked and burnt)") > 0
 
 
 def test_outbox_inbox_example_runs(tmp_path: Path) -> None:

@@ -163,11 +163,13 @@ class PostgresBackend(Backend):
         return await self.pool.run(go, connection=connection)
 
     async def _rows(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """The rows of one statement that wakes nobody (a receive, a listing)."""
+
         async def go(cur: Cursor) -> list[tuple[Any, ...]]:
             await cur.execute(query, params)
             return await cur.fetchall()
 
-        return await self.pool.run(go)
+        return await self.pool.run(go, wakes=False)
 
     def _woke(self, *queues: str) -> None:
         self.wakeups.notify(queues)

@@ -268,7 +268,7 @@ async def _run(b: PostgresBackend, fn: Any, connection: object | None = None) ->
         t = _Txn(cur, b, now)
         result = await fn(t)
         for domain in t.notify:
-            await cur.execute("SELECT pg_notify(%s, %s)", (b.options.channel, "a:" + domain))
+            await cur.execute(f"SELECT {b.s}.wake(%s)", ("a:" + domain,))
         notify.update(t.notify)
         return result
 

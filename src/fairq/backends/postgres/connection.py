@@ -273,8 +273,14 @@ class Pool:
         kwargs: dict[str, Any] = {"autocommit": True}
         if not options.prepare:
             kwargs["prepare_threshold"] = None
+        # fairq's own connections defer their NOTIFYs past the write's commit (see wake()
+        # in 0001_queues.sql); a caller's connection keeps them in its transaction
+        settings = ["-c fairq.defer_wakes=on"]
         if options.durable_leases:
-            kwargs["options"] = "-c fairq.durable_leases=on"
+            settings.append("-c fairq.durable_leases=on")
+        kwargs["options"] = " ".join(settings)
+        schema = '"' + options.schema.replace('"', '""') + '"'
+        self._flush_wakes = f"SELECT {schema}.flush_wakes()"
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             options.conninfo,
             min_size=options.pool_min,
@@ -312,14 +318,18 @@ class Pool:
         return translate(exc, self.options.masked)
 
     @contextlib.asynccontextmanager
-    async def cursor(self, transaction: bool = False) -> AsyncIterator[Cursor]:
-        """A cursor on a pooled connection, in a transaction if asked."""
+    async def cursor(self, transaction: bool = False, wakes: bool = True) -> AsyncIterator[Cursor]:
+        """A cursor on a pooled connection, in a transaction if asked; the wake-ups the
+        work noted are NOTIFYed once it has committed."""
         async with self.pool.connection(timeout=self.options.timeout) as conn:
+            cur = conn.cursor(row_factory=tuple_row)
             if transaction:
                 async with conn.transaction():
-                    yield conn.cursor(row_factory=tuple_row)
+                    yield cur
             else:
-                yield conn.cursor(row_factory=tuple_row)
+                yield cur
+            if wakes:
+                await cur.execute(self._flush_wakes)
 
     async def run(
         self,
@@ -327,6 +337,7 @@ class Pool:
         *,
         transaction: bool = False,
         connection: object | None = None,
+        wakes: bool = True,
     ) -> T:
         """Run ``fn(cursor)`` as one atomic step: in one statement (autocommit) or one
         transaction, retried on serialization failures and deadlocks; with ``connection``,
@@ -351,7 +362,7 @@ class Pool:
                         return await fn(conn.cursor(row_factory=tuple_row))
                 for attempt in range(_RETRIES):
                     try:
-                        async with self.cursor(transaction) as cur:
+                        async with self.cursor(transaction, wakes) as cur:
                             return await fn(cur)
                     except psycopg.Error as exc:
                         if exc.sqlstate not in RETRYABLE or attempt == _RETRIES - 1:

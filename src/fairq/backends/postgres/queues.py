@@ -166,13 +166,8 @@ async def delete_queue(cur: Cursor, s: str, name: str) -> bool:
             (qid,),
         )
     await cur.execute(f"DELETE FROM {s}.queues WHERE id = %s", (qid,))
-    await cur.execute("SELECT pg_notify(%s, %s)", (_channel_of(s), "q:" + name))
+    await cur.execute(f"SELECT {s}.wake(%s)", ("q:" + name,))
     return True
-
-
-def _channel_of(s: str) -> str:
-    schema = s[1:-1].replace('""', '"')
-    return ("fairq_" + schema)[:63]
 
 
 async def queue_config(cur: Cursor, q: Queries, name: str) -> QueueConfig | None:

@@ -255,7 +255,7 @@ async def publish(
     unmatched = sum(1 for x in matched if not x)
     await cur.execute(
         f"INSERT INTO {s}.topic_counts AS c (topic_id, shard, published, copies, unmatched) "
-        "VALUES (%s, pg_backend_pid() %% 8, %s, %s, %s) ON CONFLICT (topic_id, shard) DO UPDATE "
+        "VALUES (%s, pg_backend_pid() %% 64, %s, %s, %s) ON CONFLICT (topic_id, shard) DO UPDATE "
         "SET published = c.published + excluded.published, copies = c.copies + excluded.copies, "
         "unmatched = c.unmatched + excluded.unmatched",
         (tid, len(plan.fresh), n_copies, unmatched),
@@ -285,16 +285,15 @@ async def _broadcast(
     if await cur.fetchone() is None:
         return
     payload = encode_broadcast(topic, [(e, format_id(m)) for e, m in zip(fresh, made, strict=True)])
-    channel = backend.options.channel
     if len(payload) <= _MAX_PAYLOAD:
-        await cur.execute("SELECT pg_notify(%s, %s)", (channel, "t:" + payload.decode()))
+        await cur.execute(f"SELECT {s}.wake(%s)", ("t:" + payload.decode(),))
         return
     await cur.execute(
         f"INSERT INTO {s}.broadcasts (at, payload) VALUES (%s, %s) RETURNING id", (now, payload)
     )
     row = await cur.fetchone()
     assert row is not None
-    await cur.execute("SELECT pg_notify(%s, %s)", (channel, f"b:{row[0]}"))
+    await cur.execute(f"SELECT {s}.wake(%s)", (f"b:{row[0]}",))
 
 
 async def topic_stats(cur: Cursor, s: str, name: str) -> TopicStats:

@@ -28,7 +28,7 @@ CREATE TABLE {schema}.queues (
     dedup_window       float8 NOT NULL
 );
 
--- counters, sharded by backend so concurrent transactions do not queue on one row;
+-- counters, sharded by backend (64 shards) so concurrent transactions rarely queue on one row;
 -- a queue's numbers are the sums over its shards (depth: messages stored)
 CREATE TABLE {schema}.counts (
     queue_id      int NOT NULL,
@@ -117,6 +117,41 @@ BEGIN
     RETURN v || ARRAY(SELECT nextval('{schema}.message_ids') FROM generate_series(2, n));
 END $$;
 
+-- Wake-ups. NOTIFY takes a global lock from the commit's start to its end, WAL flush
+-- included, so writers that NOTIFY commit one at a time. On fairq's own pooled connections
+-- (fairq.defer_wakes=on) wake() only notes the tag in the session; flush_wakes(), sent in
+-- the same round trip right after the write committed, NOTIFYs in a transaction of its
+-- own that does not wait for the flush. On a caller's connection (the outbox) the NOTIFY
+-- stays in the caller's transaction: it goes out exactly when that commits.
+CREATE FUNCTION {schema}.wake(tag text) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('fairq.defer_wakes', true) = 'on' THEN
+        PERFORM set_config('fairq.wakes',
+            coalesce(current_setting('fairq.wakes', true), '') || tag || chr(30), false);
+    ELSE
+        PERFORM pg_notify('{channel}', tag);
+    END IF;
+END $$;
+
+CREATE FUNCTION {schema}.flush_wakes() RETURNS int LANGUAGE plpgsql AS $$
+DECLARE
+    pending text := coalesce(current_setting('fairq.wakes', true), '');
+    tag text;
+    k int := 0;
+BEGIN
+    IF pending = '' THEN
+        RETURN 0;
+    END IF;
+    PERFORM set_config('synchronous_commit', 'off', true);
+    PERFORM set_config('fairq.wakes', '', false);
+    FOR tag IN SELECT DISTINCT x FROM unnest(string_to_array(pending, chr(30))) x WHERE x <> ''
+    LOOP
+        PERFORM pg_notify('{channel}', tag);
+        k := k + 1;
+    END LOOP;
+    RETURN k;
+END $$;
+
 CREATE FUNCTION {schema}.bump(
     q int, depth bigint DEFAULT 0, sent bigint DEFAULT 0, acked bigint DEFAULT 0,
     nacked bigint DEFAULT 0, redelivered bigint DEFAULT 0, dead_lettered bigint DEFAULT 0,
@@ -125,7 +160,7 @@ CREATE FUNCTION {schema}.bump(
     INSERT INTO {schema}.counts AS c
         (queue_id, shard, depth, sent, acked, nacked, redelivered, dead_lettered, expired,
          discarded)
-    VALUES (q, pg_backend_pid() % 8, depth, sent, acked, nacked, redelivered, dead_lettered,
+    VALUES (q, pg_backend_pid() % 64, depth, sent, acked, nacked, redelivered, dead_lettered,
             expired, discarded)
     ON CONFLICT (queue_id, shard) DO UPDATE SET
         depth = c.depth + excluded.depth, sent = c.sent + excluded.sent,
@@ -217,7 +252,7 @@ BEGIN
         FROM unnest(ids, bodies, attrs, delays, prios, grps) AS u(id, b, a, d, p, g);
     END IF;
     PERFORM {schema}.bump(q.id, depth => k, sent => k);
-    PERFORM pg_notify('{channel}', 'q:' || q.name);
+    PERFORM {schema}.wake('q:' || q.name);
 END $$;
 
 -- delete messages of q in any state, keeping counters and FIFO heads right; the rows
@@ -262,7 +297,7 @@ BEGIN
             WHERE queue_id = q.id AND id = (
                 SELECT id FROM {schema}.messages
                 WHERE queue_id = q.id AND grp = g.grp AND blocked ORDER BY id LIMIT 1);
-            PERFORM pg_notify('{channel}', 'q:' || q.name);
+            PERFORM {schema}.wake('q:' || q.name);
         END IF;
     END LOOP;
 END $$;
@@ -477,7 +512,7 @@ BEGIN
                       c.o
         ), redelivered AS (  -- always runs (it writes), in the same statement
             INSERT INTO {schema}.counts AS k (queue_id, shard, redelivered)
-            SELECT q.id, pg_backend_pid() % 8, count(*) FROM u WHERE u.attempt > 1
+            SELECT q.id, pg_backend_pid() % 64, count(*) FROM u WHERE u.attempt > 1
             HAVING count(*) > 0
             ON CONFLICT (queue_id, shard) DO UPDATE
                 SET redelivered = k.redelivered + excluded.redelivered
@@ -526,7 +561,7 @@ BEGIN
     IF k > 0 THEN
         PERFORM {schema}.bump(q.id, acked => k);
         IF q.max_length IS NOT NULL THEN
-            PERFORM pg_notify('{channel}', 'q:' || q.name);  -- a blocked sender may fit now
+            PERFORM {schema}.wake('q:' || q.name);  -- a blocked sender may fit now
         END IF;
     END IF;
     IF k = cardinality(ids) THEN
@@ -561,7 +596,7 @@ BEGIN
     END IF;
     UPDATE {schema}.messages SET avail_at = now + delay, lease = NULL, final = false
     WHERE queue_id = q.id AND id = mid;
-    PERFORM pg_notify('{channel}', 'q:' || q.name);
+    PERFORM {schema}.wake('q:' || q.name);
 END $$;
 
 CREATE FUNCTION {schema}.reject(qname text, now float8, mid bigint, tok bigint, detail text)
@@ -604,7 +639,7 @@ BEGIN
         RETURNING m.id
     ) SELECT array_agg(u.id) INTO done FROM u;
     IF done IS NOT NULL THEN
-        PERFORM pg_notify('{channel}', 'q:' || q.name);
+        PERFORM {schema}.wake('q:' || q.name);
     END IF;
     RETURN ARRAY(SELECT i FROM generate_subscripts(ids, 1) i
                  WHERE done IS NULL OR NOT (ids[i] = ANY (done)));
@@ -671,7 +706,7 @@ BEGIN
     IF k > 0 THEN
         PERFORM {schema}.bump(q.id, depth => -k);
     END IF;
-    PERFORM pg_notify('{channel}', 'q:' || q.name);
+    PERFORM {schema}.wake('q:' || q.name);
     RETURN k;
 END $$;
 
