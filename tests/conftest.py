@@ -8,16 +8,20 @@ FAIRQ_REQUIRE_SERVICES=1 (CI), where it fails.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 import fairq
 
-BACKENDS = ["memory", "sqlite"]
-SERVICES: dict[str, tuple[str, int]] = {}  # backend -> (host, port) it needs
+BACKENDS = ["memory", "sqlite", "redis"]
+SERVICES: dict[str, tuple[str, int]] = {  # backend -> (host, port) it needs
+    "redis": ("127.0.0.1", 6379),
+}
+REDIS_URL = "redis://127.0.0.1:6379/0"
 
 
 def service_up(host: str, port: int) -> bool:
@@ -33,6 +37,9 @@ def _url(backend: str, tmp_path: Path) -> str:
         return "memory://"
     if backend == "sqlite":
         return f"sqlite:///{tmp_path / 'fairq.db'}"
+    if backend == "redis":
+        # each test its own key prefix on the shared Redis, removed after the test
+        return f"{REDIS_URL}?prefix=t-{secrets.token_hex(6)}:"
     raise AssertionError(f"no URL for backend {backend}")
 
 
@@ -51,9 +58,32 @@ def backend_name(request: pytest.FixtureRequest) -> str:
     return name
 
 
+def drop_prefix(url: str) -> int:
+    """Delete every key under the test URL's prefix (Redis); return how many there were."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    import redis
+
+    parts = urlsplit(url)
+    prefix = dict(parse_qsl(parts.query)).get("prefix")
+    if not prefix or not prefix.startswith("t-"):
+        return 0
+    client = redis.Redis(host=parts.hostname or "127.0.0.1", port=parts.port or 6379)
+    try:
+        keys = list(client.scan_iter(match=prefix + "*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.unlink(*keys[i : i + 500])
+        return len(keys)
+    finally:
+        client.close()
+
+
 @pytest.fixture
-def url(backend_name: str, tmp_path: Path) -> str:
-    return _url(backend_name, tmp_path)
+def url(backend_name: str, tmp_path: Path) -> Iterator[str]:
+    u = _url(backend_name, tmp_path)
+    yield u
+    if backend_name.startswith("redis"):
+        drop_prefix(u)
 
 
 @pytest.fixture

@@ -4,9 +4,11 @@
     q = await broker.declare_queue("ticket-pdf")
 
 URL schemes: ``memory://``, ``sqlite:///relative.db`` / ``sqlite:////absolute.db``
-(query options ``synchronous=normal|full``, ``busy_timeout=<seconds>``).
-The distributed backends (``redis://``, ``postgresql://``, ``amqp://``) plug in on the
-same seam in a later release; naming one today raises ``fairq.ConnectionError``.
+(query options ``synchronous=normal|full``, ``busy_timeout=<seconds>``),
+``redis://[user:password@]host:port/db``, ``rediss://`` (TLS), ``redis+cluster://host:port``
+(options in ``fairq.backends.redis.conn.parse_url``). ``postgresql://`` and ``amqp://``
+plug in on the same seam in a later release; naming one today raises
+``fairq.ConnectionError``.
 """
 
 from __future__ import annotations
@@ -61,10 +63,14 @@ def _open_backend(url: str, clock: Clock) -> Backend:
         if not path:
             raise ConnectionError(f"cannot open {mask_url(url)!r}: the URL names no file")
         return SQLiteBackend(path, clock, options)
-    if scheme in ("redis", "rediss", "redis+cluster", "postgresql", "postgres", "amqp", "amqps"):
+    if scheme in ("redis", "rediss", "redis+cluster"):
+        from .backends.redis import open_redis
+
+        return open_redis(url, clock)
+    if scheme in ("postgresql", "postgres", "amqp", "amqps"):
         raise ConnectionError(
             f"cannot open {mask_url(url)!r}: the {scheme} backend is not part of this release "
-            "yet (available: memory://, sqlite:///path.db)"
+            "yet (available: memory://, sqlite:///path.db, redis://)"
         )
     raise ConnectionError(
         f"cannot open {mask_url(url)!r}: unknown scheme {scheme!r} "

@@ -59,6 +59,10 @@ class Wakeups:
             event = self._events[queue] = asyncio.Event()
         return event
 
+    def watched(self) -> list[str]:
+        """The queues (and other wake-up names) someone holds a token for now."""
+        return list(self._events)
+
     def notify(self, queues: Iterable[str]) -> None:
         """Wake whoever waits on these queues."""
         events = self._events

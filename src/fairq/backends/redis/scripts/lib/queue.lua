@@ -1,0 +1,348 @@
+-- queue.lua: a queue's messages and how they move (insert, lease, settle, dead-letter,
+-- sweep). Every queue operation script is built on these. Layout in KEYS.md:
+--   s stream of records (id order)   r ready zset (delivery order)   d delayed zset (due)
+--   l leased zset (lease end)        a attempts hash                  k lease tokens hash
+--   h FIFO heads hash, g:<group> blocked ids list, v blocked availability hash
+--   y shared-body refs hash          n counters hash                  u/x dedup hash/expiry
+local TWO32 = 4294967296
+local QCACHE = {}
+local TOUCHED = {}   -- queues whose delayed/leased sets changed: the family due index follows
+local TOUCHED_LIST = {}
+
+local function opt(v) if v == nil or v == NULL then return nil end return v end
+
+local function load_queue(name)
+  local q = QCACHE[name]
+  if q ~= nil then return q or nil end
+  local fb = fbase_of(name)
+  local raw = redis.call('HGET', fb .. 'queues', name)
+  if not raw then QCACHE[name] = false; return nil end
+  local c = cjson.decode(raw)
+  local b = fb .. 'q:' .. name .. ':'
+  q = {
+    name = name, fb = fb, b = b,
+    vt = c.visibility_timeout, max_attempts = opt(c.max_attempts), dlq = opt(c.dead_letter),
+    retention = c.retention, max_length = opt(c.max_length), overflow = c.overflow,
+    fifo = c.fifo, maxp = c.max_priority, dedup_window = c.dedup_window,
+    s = b .. 's', r = b .. 'r', d = b .. 'd', l = b .. 'l', a = b .. 'a', k = b .. 'k',
+    h = b .. 'h', v = b .. 'v', y = b .. 'y', n = b .. 'n', u = b .. 'u', x = b .. 'x',
+  }
+  QCACHE[name] = q
+  return q
+end
+
+local function create_queue(name, config_json)
+  redis.call('HSET', fbase_of(name) .. 'queues', name, config_json)
+  QCACHE[name] = nil
+  return load_queue(name)
+end
+
+local function touch(q)
+  if not TOUCHED[q.name] then TOUCHED[q.name] = q; TOUCHED_LIST[#TOUCHED_LIST + 1] = q end
+end
+
+-- the earliest time a delayed message or a lease of q comes due (nil: none)
+local function queue_due(q)
+  local due = nil
+  local d = redis.call('ZRANGE', q.d, 0, 0, 'WITHSCORES')
+  if d[2] then due = tonumber(d[2]) end
+  local l = redis.call('ZRANGE', q.l, 0, 0, 'WITHSCORES')
+  if l[2] and (due == nil or tonumber(l[2]) < due) then due = tonumber(l[2]) end
+  return due
+end
+
+local function update_due()
+  for _, q in ipairs(TOUCHED_LIST) do
+    local due = queue_due(q)
+    if due then redis.call('ZADD', q.fb .. 'due', due, q.name)
+    else redis.call('ZREM', q.fb .. 'due', q.name) end
+  end
+  TOUCHED = {}; TOUCHED_LIST = {}
+end
+
+local function ready_score(q, prio, avail) return (q.maxp - prio) * TWO32 + avail end
+
+-- the fields of a record as a table (field -> value)
+local function record(q, id)
+  local got = redis.call('XRANGE', q.s, sid(id), sid(id))
+  if not got[1] then return nil end
+  local f = got[1][2]
+  local rec = {}
+  for i = 1, #f, 2 do rec[f[i]] = f[i + 1] end
+  return rec
+end
+
+local function record_body(q, rec)
+  if rec.b then return rec.b end
+  if rec.br then return redis.call('HGET', q.fb .. 'b', rec.br) or '' end
+  return ''
+end
+
+local function unref_body(fb, ref)
+  if redis.call('HINCRBY', fb .. 'bc', ref, -1) <= 0 then
+    redis.call('HDEL', fb .. 'bc', ref)
+    redis.call('HDEL', fb .. 'b', ref)
+  end
+end
+
+local function fields_of(q, id)
+  local got = redis.call('XRANGE', q.s, sid(id), sid(id))
+  if not got[1] then return nil end
+  local f = got[1][2]
+  -- a shared body is resolved here so the client always gets 'b'
+  for i = 1, #f, 2 do
+    if f[i] == 'br' then
+      f[#f + 1] = 'b'; f[#f + 1] = redis.call('HGET', q.fb .. 'b', f[i + 1]) or ''
+      break
+    end
+  end
+  return f
+end
+
+-- make a message visible (ready), or delayed until avail if that is in the future
+local function make_available(q, id, prio, avail)
+  if avail > NOW then
+    redis.call('ZADD', q.d, avail, id); touch(q)
+  else
+    redis.call('ZADD', q.r, ready_score(q, prio, avail), id)
+    wake(q.name)
+  end
+end
+
+-- store new records in q; each item: {fields = {k, v, ...}, delay, prio, group}
+local function insert(q, items)
+  local ids = new_ids(q.fb, #items)
+  local headed = {}
+  for i, it in ipairs(items) do
+    local id = ids[i]
+    local f = it.fields
+    local grp = it.group
+    if q.fifo and not grp then grp = 'default' end
+    if grp then f[#f + 1] = 'g'; f[#f + 1] = grp end
+    if it.prio and it.prio > 0 then f[#f + 1] = 'p'; f[#f + 1] = it.prio end
+    redis.call('XADD', q.s, sid(id), unpack(f))
+    if it.ref then redis.call('HSET', q.y, id, it.ref) end
+    local avail = NOW + (it.delay or 0)
+    local blocked = false
+    if q.fifo then
+      if headed[grp] or redis.call('HEXISTS', q.h, grp) == 1 then
+        blocked = true
+        redis.call('RPUSH', q.b .. 'g:' .. grp, id)
+        redis.call('HSET', q.v, id, avail)
+        redis.call('HINCRBY', q.n, 'blocked', 1)
+      else
+        redis.call('HSET', q.h, grp, id)
+      end
+      headed[grp] = true
+    end
+    if not blocked then make_available(q, id, it.prio or 0, avail) end
+  end
+  redis.call('HINCRBY', q.n, 'sent', #items)
+  wake(q.name)
+  return ids
+end
+
+-- the head of FIFO group grp is gone: the next blocked message becomes the head
+local function advance_group(q, grp)
+  local gk = q.b .. 'g:' .. grp
+  local nxt = redis.call('LPOP', gk)
+  if not nxt then redis.call('HDEL', q.h, grp); return end
+  redis.call('HSET', q.h, grp, nxt)
+  local avail = tonumber(redis.call('HGET', q.v, nxt)) or NOW
+  redis.call('HDEL', q.v, nxt)
+  redis.call('HINCRBY', q.n, 'blocked', -1)
+  make_available(q, nxt, 0, avail)
+end
+
+-- delete a message in any state; where: 'r', 'd', 'l', 'b' (blocked) or nil (look)
+local function remove(q, id, where, rec)
+  if where == 'l' then redis.call('ZREM', q.l, id); redis.call('HDEL', q.k, id); touch(q)
+  elseif where == 'd' then redis.call('ZREM', q.d, id); touch(q)
+  elseif where == 'r' then redis.call('ZREM', q.r, id)
+  end
+  if q.fifo then
+    rec = rec or record(q, id)
+    local grp = rec and rec.g or 'default'
+    if where == 'b' then
+      redis.call('LREM', q.b .. 'g:' .. grp, 1, id)
+      redis.call('HDEL', q.v, id)
+      redis.call('HINCRBY', q.n, 'blocked', -1)
+    elseif redis.call('HGET', q.h, grp) == id then
+      advance_group(q, grp)
+    end
+  end
+  redis.call('XDEL', q.s, sid(id))
+  redis.call('HDEL', q.a, id)
+  local ref = redis.call('HGET', q.y, id)
+  if ref then redis.call('HDEL', q.y, id); unref_body(q.fb, ref) end
+  wake(q.name)
+end
+
+-- where a message is now: 'r', 'd', 'l', 'b' or nil
+local function where_is(q, id)
+  if redis.call('ZSCORE', q.r, id) then return 'r' end
+  if redis.call('ZSCORE', q.l, id) then return 'l' end
+  if redis.call('ZSCORE', q.d, id) then return 'd' end
+  if q.fifo and redis.call('HEXISTS', q.v, id) == 1 then return 'b' end
+  return nil
+end
+
+local DL_FIELDS = {dr = true, ds = true, di = true, dn = true, dd = true}
+
+-- a move into another family's queue on Cluster, first phase: kept in this family's
+-- outbox as "target<TAB>token<TAB>packed", the token unique for ever (family and id)
+local function outbox_push(q, target, id, fields, prio, group)
+  redis.call('RPUSH', q.fb .. 'out', target .. '\t' .. fam_of(q.name) .. ':' .. id .. '\t'
+    .. cmsgpack.pack({fields, prio, group or false}))
+end
+
+-- a subscription queue is gone: so is its subscription
+local function drop_subscription_of(q)
+  local owner = redis.call('HGET', q.fb .. 'subq', q.name)
+  if not owner then return end
+  redis.call('HDEL', q.fb .. 'subq', q.name)
+  local topic, sub = string.match(owner, '^(.-)\t(.*)$')
+  redis.call('HDEL', q.fb .. 't:' .. topic .. ':subs', sub)
+  redis.call('HINCRBY', q.fb .. 'tv', topic, 1)
+end
+
+-- move message id (in place `where`) of q to its dead-letter queue, or discard it
+local function dead_letter(q, id, where, reason, detail, attempt)
+  local rec = record(q, id)
+  if rec == nil then remove(q, id, where); return end
+  attempt = attempt or tonumber(redis.call('HGET', q.a, id) or 0)
+  local body = record_body(q, rec)
+  remove(q, id, where, rec)
+  if reason == 'expired' then redis.call('HINCRBY', q.n, 'expired', 1) end
+  if not q.dlq then redis.call('HINCRBY', q.n, 'discarded', 1); return end
+  redis.call('HINCRBY', q.n, 'dead_lettered', 1)
+  local f = {'b', body}
+  for k, v in pairs(rec) do
+    if k ~= 'b' and k ~= 'br' and k ~= 'g' and k ~= 'p' and not DL_FIELDS[k] then
+      f[#f + 1] = k; f[#f + 1] = v
+    end
+  end
+  f[#f + 1] = 'dr'; f[#f + 1] = reason
+  f[#f + 1] = 'ds'; f[#f + 1] = q.name
+  f[#f + 1] = 'di'; f[#f + 1] = rec.di or id   -- the first id it ever had
+  f[#f + 1] = 'dn'; f[#f + 1] = attempt
+  if detail and detail ~= '' and detail ~= reason then
+    f[#f + 1] = 'dd'; f[#f + 1] = string.sub(detail, 1, 1000)
+  end
+  local prio = tonumber(rec.p or 0)
+  if not same_slot(q.name, q.dlq) then
+    outbox_push(q, q.dlq, id, f, prio, rec.g)
+    return
+  end
+  local dlq = load_queue(q.dlq) or create_queue(q.dlq, DLQ_CONFIG)
+  insert(dlq, {{fields = f, prio = math.min(prio, dlq.maxp), group = rec.g}})
+end
+
+local function expired(q, id) return id < id_at(NOW - q.retention) end
+
+-- bring q's due delays and ended leases to their next state
+local function sweep_queue(q)
+  local due = redis.call('ZRANGEBYSCORE', q.d, '-inf', NOW, 'WITHSCORES', 'LIMIT', 0, 1000)
+  for i = 1, #due, 2 do
+    local id, at = due[i], tonumber(due[i + 1])
+    if expired(q, id) then
+      dead_letter(q, id, 'd', 'expired')
+    else
+      redis.call('ZREM', q.d, id)
+      local prio = 0
+      if q.maxp > 0 then local rec = record(q, id); prio = tonumber(rec and rec.p or 0) end
+      redis.call('ZADD', q.r, ready_score(q, prio, at), id)
+      wake(q.name)
+    end
+  end
+  if #due > 0 then touch(q) end
+  local ended = redis.call('ZRANGEBYSCORE', q.l, '-inf', NOW, 'WITHSCORES', 'LIMIT', 0, 1000)
+  for i = 1, #ended, 2 do
+    local id, at = ended[i], tonumber(ended[i + 1])
+    local attempt = tonumber(redis.call('HGET', q.a, id) or 0)
+    if q.max_attempts and attempt >= q.max_attempts then
+      dead_letter(q, id, 'l', 'max_attempts', nil, attempt)
+    elseif expired(q, id) then
+      dead_letter(q, id, 'l', 'expired', nil, attempt)
+    else
+      redis.call('ZREM', q.l, id); redis.call('HDEL', q.k, id)
+      local prio = 0
+      if q.maxp > 0 then local rec = record(q, id); prio = tonumber(rec and rec.p or 0) end
+      redis.call('ZADD', q.r, ready_score(q, prio, at), id)
+      wake(q.name)
+    end
+  end
+  if #ended > 0 then touch(q) end
+end
+
+-- sweep every queue of family fb with something due now
+local function sweep_family(fb)
+  local names = redis.call('ZRANGEBYSCORE', fb .. 'due', '-inf', NOW, 'LIMIT', 0, 50)
+  for _, name in ipairs(names) do
+    local q = load_queue(name)
+    if q then sweep_queue(q); touch(q) else redis.call('ZREM', fb .. 'due', name) end
+  end
+end
+
+-- receipts from arg(first): k ids then k lease tokens; returns the ids of current leases
+-- and the (1-based) positions of the receipts that are not current
+local function current(q, first)
+  local k = narg(first)
+  local ok, lost, seen = {}, {}, {}
+  for i = 1, k do
+    local id, lease = arg(first + i), arg(first + k + i)
+    local held = redis.call('HGET', q.k, id)
+    local till = redis.call('ZSCORE', q.l, id)
+    if held == lease and till and tonumber(till) > NOW then
+      if not seen[id] then seen[id] = true; ok[#ok + 1] = id end
+    else
+      lost[#lost + 1] = i
+    end
+  end
+  return ok, lost
+end
+
+local function hex_of_sid(s)
+  local ms, c = string.match(s, '^(%d+)-(%d+)$')
+  return string.format('%012x%04x', tonumber(ms), tonumber(c))
+end
+
+local function depth(q)
+  return redis.call('ZCARD', q.r) + redis.call('ZCARD', q.d) + redis.call('ZCARD', q.l)
+    + tonumber(redis.call('HGET', q.n, 'blocked') or 0)
+end
+
+-- make room for n new messages in bounded q: nil if fine, else an error reply
+local function make_room(q, n)
+  if n == 0 or not q.max_length then return nil end
+  if n > q.max_length then
+    return fail('FULL', q.name, q.max_length, 'reject', 'the batch is larger than max_length')
+  end
+  local need = depth(q) + n - q.max_length
+  if need <= 0 then return nil end
+  if q.overflow ~= 'drop_oldest' then return fail('FULL', q.name, q.max_length, q.overflow, '') end
+  local victims = {}
+  local cursor = '-'
+  while #victims < need do
+    local got = redis.call('XRANGE', q.s, cursor, '+', 'COUNT', 200)
+    if #got == 0 then break end
+    for _, e in ipairs(got) do
+      local hex = hex_of_sid(e[1])
+      local w = where_is(q, hex)
+      if w == 'r' or w == 'b' then victims[#victims + 1] = {hex, w} end
+      if #victims >= need then break end
+    end
+    cursor = '(' .. got[#got][1]
+  end
+  if #victims < need then
+    return fail('FULL', q.name, q.max_length, 'drop_oldest', 'no visible message can be dropped')
+  end
+  for _, v in ipairs(victims) do dead_letter(q, v[1], v[2], 'overflow') end
+  return nil
+end
+
+-- the end of every script: the family due index, then the wake-ups
+local function finish()
+  update_due()
+  publish_wakes()
+end
