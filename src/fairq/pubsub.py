@@ -16,6 +16,7 @@ import asyncio
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ class Listener:
     def __init__(
         self,
         hub: _Hub,
+        backend: Backend,
         topic: str,
         routing: str | None,
         filter: Mapping[str, Any] | None,
@@ -74,10 +76,12 @@ class Listener:
         self._limit = buffer
         self._ready = asyncio.Event()
         self._hub = hub
+        self._backend = backend
         self._closed = False
         self.received = 0
         self.dropped = 0
-        hub.add(self)
+        if hub.add(self):
+            backend.attach_listeners(topic, partial(hub.deliver, topic))
 
     def _offer(self, routing_key: str, message: Received) -> None:
         if self._closed:
@@ -114,8 +118,11 @@ class Listener:
 
     async def close(self) -> None:
         """Stop listening; iteration ends once the buffer is drained."""
+        if self._closed:
+            return
         self._closed = True
-        self._hub.remove(self)
+        if self._hub.remove(self):
+            self._backend.attach_listeners(self.topic, None)
         self._ready.set()
 
     async def __aenter__(self) -> Listener:
@@ -136,13 +143,21 @@ class _Hub:
     def __init__(self) -> None:
         self.by_topic: dict[str, weakref.WeakSet[Listener]] = {}
 
-    def add(self, listener: Listener) -> None:
-        self.by_topic.setdefault(listener.topic, weakref.WeakSet()).add(listener)
+    def add(self, listener: Listener) -> bool:
+        """Add a listener; True if it is the first of its topic."""
+        listeners = self.by_topic.setdefault(listener.topic, weakref.WeakSet())
+        first = not listeners
+        listeners.add(listener)
+        return first
 
-    def remove(self, listener: Listener) -> None:
+    def remove(self, listener: Listener) -> bool:
+        """Remove a listener; True if it was the last of its topic."""
         listeners = self.by_topic.get(listener.topic)
-        if listeners is not None:
-            listeners.discard(listener)
+        if listeners is None:
+            return False
+        had = listener in listeners
+        listeners.discard(listener)
+        return had and not listeners
 
     def deliver(self, topic: str, items: Sequence[tuple[Envelope, str]]) -> None:
         listeners = self.by_topic.get(topic)
@@ -274,12 +289,13 @@ class Topic:
         filter: Mapping[str, Any] | None = None,
         buffer: int = DEFAULT_LISTEN_BUFFER,
     ) -> Listener:
-        """Listen to what is published to this topic from now on (this process, memory
-        and SQLite; across processes through the server's stream endpoint).
+        """Listen to what is published to this topic from now on (this process on memory
+        and SQLite, across processes through the server's stream endpoint; every process
+        sharing the store on Redis).
 
         ``async for msg in topic.listen(): ...`` — at-most-once, nothing stored.
         """
-        return Listener(hub_for(self._backend), self.name, routing, filter, buffer)
+        return Listener(hub_for(self._backend), self._backend, self.name, routing, filter, buffer)
 
     async def stats(self) -> TopicStats:
         """The topic's counters."""

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 
 from ..clock import Clock, ManualClock
 from ..message import Received
@@ -264,6 +264,15 @@ class Backend(ABC):
     @abstractmethod
     async def topic_stats(self, topic: str) -> TopicStats:
         """The topic's counters."""
+
+    def attach_listeners(  # noqa: B027 - optional hook, nothing to do by default
+        self, topic: str, deliver: Callable[[list[tuple[Envelope, str]]], None] | None
+    ) -> None:
+        """``Topic.listen``'s hook: from now on hand ``deliver`` what *other* brokers (other
+        processes, other hosts) publish to ``topic``, as ``(envelope, message id)`` pairs;
+        None when this broker has no listener of the topic any more. Backends that carry
+        publications between processes (Redis pub/sub) override it; this broker's own
+        publishes reach its listeners without the backend."""
 
     def listen_scope(self) -> Hashable:
         """What identifies this backend's store within the process: brokers with the same

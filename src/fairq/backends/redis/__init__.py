@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from ...clock import Clock
 from .conn import parse_url
-from .queues import RedisQueues
 from .rest import RedisRest
+from .topics import RedisTopics
 
 __all__ = ["RedisBackend", "open_redis"]
 
 
-class RedisBackend(RedisRest, RedisQueues):
+class RedisBackend(RedisTopics, RedisRest):
     """fairq on Redis; see the module docstring."""
 
 

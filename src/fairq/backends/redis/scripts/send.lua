@@ -39,8 +39,9 @@ local o = 3 + n * 6
 for j = 1, narg(o) do
   if live(arg(o + 2 * j - 1)) ~= arg(o + 2 * j) then finish(); return fail('STALE') end
 end
-local err = make_room(q, n)
+local err, victims = plan_room(q, n)
 if err then finish(); return err end
+apply_room(q, victims)
 local ids = insert(q, items)
 if q.dedup_window > 0 then
   local exp = NOW + q.dedup_window

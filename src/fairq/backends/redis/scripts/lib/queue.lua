@@ -312,14 +312,15 @@ local function depth(q)
     + tonumber(redis.call('HGET', q.n, 'blocked') or 0)
 end
 
--- make room for n new messages in bounded q: nil if fine, else an error reply
-local function make_room(q, n)
-  if n == 0 or not q.max_length then return nil end
+-- can n new messages fit in bounded q? nil and the victims to drop (drop_oldest), or an
+-- error reply; nothing is changed, so a publish can check every queue before it writes
+local function plan_room(q, n)
+  if n == 0 or not q.max_length then return nil, {} end
   if n > q.max_length then
     return fail('FULL', q.name, q.max_length, 'reject', 'the batch is larger than max_length')
   end
   local need = depth(q) + n - q.max_length
-  if need <= 0 then return nil end
+  if need <= 0 then return nil, {} end
   if q.overflow ~= 'drop_oldest' then return fail('FULL', q.name, q.max_length, q.overflow, '') end
   local victims = {}
   local cursor = '-'
@@ -337,8 +338,23 @@ local function make_room(q, n)
   if #victims < need then
     return fail('FULL', q.name, q.max_length, 'drop_oldest', 'no visible message can be dropped')
   end
+  return nil, victims
+end
+
+local function apply_room(q, victims)
   for _, v in ipairs(victims) do dead_letter(q, v[1], v[2], 'overflow') end
-  return nil
+end
+
+-- delete queue q with its messages, dedup entries and the subscription it serves
+local function drop_queue(q)
+  for _, ref in ipairs(redis.call('HVALS', q.y)) do unref_body(q.fb, ref) end
+  for _, grp in ipairs(redis.call('HKEYS', q.h)) do redis.call('DEL', q.b .. 'g:' .. grp) end
+  redis.call('DEL', q.s, q.r, q.d, q.l, q.a, q.k, q.h, q.v, q.y, q.n, q.u, q.x)
+  redis.call('HDEL', q.fb .. 'queues', q.name)
+  redis.call('ZREM', q.fb .. 'due', q.name)
+  drop_subscription_of(q)
+  QCACHE[q.name] = false
+  wake(q.name)
 end
 
 -- the end of every script: the family due index, then the wake-ups
