@@ -11,12 +11,12 @@ from __future__ import annotations
 from ...clock import Clock
 from .conn import parse_url
 from .rest import RedisRest
-from .topics import RedisTopics
+from .idempotency import RedisIdempotency
 
 __all__ = ["RedisBackend", "open_redis"]
 
 
-class RedisBackend(RedisTopics, RedisRest):
+class RedisBackend(RedisIdempotency, RedisRest):
     """fairq on Redis; see the module docstring."""
 
 

@@ -131,6 +131,21 @@ class RedisCore(Backend):
         except DriverErrors as exc:
             driver_error(exc, self.url)
 
+    async def run_key(self, script: str, key: str, *args: Any) -> Any:
+        """Run ``script`` on the slot of ``key`` (``KEYS[1]``)."""
+        if self._client is None:
+            raise BackendError("the redis backend is closed")
+        header = (self.prefix, self._now_arg(), self._cluster_flag)
+        try:
+            return await run_script(self._client, self._scripts[script], (key,), (*header, *args))
+        except rex.ResponseError as exc:
+            err = script_error(exc)
+            if err is not None:
+                raise err from None
+            driver_error(exc, self.url)
+        except DriverErrors as exc:
+            driver_error(exc, self.url)
+
     async def command(self, *args: Any) -> Any:
         """One plain Redis command (keys of one slot), driver errors as fairq errors."""
         if self._client is None:
