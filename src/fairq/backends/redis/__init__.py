@@ -11,12 +11,12 @@ from __future__ import annotations
 from ...clock import Clock
 from .conn import parse_url
 from .rest import RedisRest
-from .idempotency import RedisIdempotency
+from .rooms import RedisRooms
 
 __all__ = ["RedisBackend", "open_redis"]
 
 
-class RedisBackend(RedisIdempotency, RedisRest):
+class RedisBackend(RedisRooms, RedisRest):
     """fairq on Redis; see the module docstring."""
 
 
