@@ -1,4 +1,4 @@
-"""kill -9 and restarts on the SQLite backend (SPEC §3 rule 14, issue acceptance):
+"""kill -9 and restarts on SQLite and Redis (SPEC §3 rule 14, issue acceptance):
 
 * a consumer killed while it holds leases loses nothing: every message comes back
   after the visibility timeout;
@@ -17,11 +17,13 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 import fairq
+from conftest import _require, _url, drop_prefix
 
 HERE = Path(__file__).parent
 
@@ -47,9 +49,15 @@ def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 20.0) -
     raise AssertionError(f"child never printed {prefix!r}")
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'crash.db'}"
+@pytest.fixture(params=["sqlite", "redis"])
+def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'crash.db'}"
+        return
+    _require("redis")
+    u = _url("redis", tmp_path)
+    yield u
+    drop_prefix(u)
 
 
 async def test_killed_consumer_loses_nothing(url: str) -> None:
@@ -79,6 +87,19 @@ async def test_killed_consumer_loses_nothing(url: str) -> None:
 @pytest.mark.parametrize("sync", ["normal", "full"])
 async def test_killed_producer_batches_are_whole(tmp_path: Path, sync: str) -> None:
     url = f"sqlite:///{tmp_path / 'p.db'}?synchronous={sync}"
+    await _killed_producer_batches_are_whole(url)
+
+
+async def test_killed_producer_batches_are_whole_on_redis(tmp_path: Path) -> None:
+    _require("redis")
+    url = _url("redis", tmp_path)
+    try:
+        await _killed_producer_batches_are_whole(url)
+    finally:
+        drop_prefix(url)
+
+
+async def _killed_producer_batches_are_whole(url: str) -> None:
     async with await fairq.connect(url) as broker:
         await broker.declare_queue("work")
     child = spawn("send", url, 250)

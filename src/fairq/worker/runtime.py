@@ -24,7 +24,7 @@ from typing import Any
 
 from ..attention import Attention, Slice
 from ..broker import Broker, connect
-from ..errors import InvalidOption, LeaseLost, Reject
+from ..errors import ConnectionError, InvalidOption, LeaseLost, Reject
 from ..idempotency import Claim, IdempotencyStore, IdempotentBy, KeyFunction
 from ..message import Received, check_name
 from ..queue import Queue
@@ -366,6 +366,7 @@ class Runtime:
         assert c.queue is not None and self._stopping is not None
         q = c.queue
         wakeups = q._backend.wakeups
+        outage = 0.0  # seconds to wait before the next try while the backend is unreachable
         while not self._stopping.is_set():
             token = wakeups.token(q.name)  # before the try: a send in between wakes us
             n = await self._take_slots(c)
@@ -373,9 +374,19 @@ class Runtime:
                 return
             try:
                 msgs = await q.receive(max_messages=n, visibility_timeout=c.visibility_timeout)
+            except ConnectionError as exc:
+                # SPEC §10 rule 2: an engine restart is waited out, the worker goes on
+                await self._give_slots(c, n)
+                outage = min(max(outage * 2, 0.05), 1.0)
+                log.warning("%s: backend unreachable, retrying in %.2f s: %s", q.name, outage, exc)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(outage):
+                        await self._stopping.wait()
+                continue
             except BaseException:
                 await self._give_slots(c, n)
                 raise
+            outage = 0.0
             if len(msgs) < n:
                 await self._give_slots(c, n - len(msgs))
             if not msgs:
@@ -491,6 +502,9 @@ class Runtime:
     async def _settle(self, step: Awaitable[None], msg: Received) -> None:
         try:
             await step
+        except ConnectionError as exc:
+            # the lease ends by itself and the message comes back: at-least-once holds
+            log.warning("could not settle message %s on %s: %s", msg.id, msg.queue, exc)
         except LeaseLost:
             self.stats.lease_lost += 1
             log.warning(

@@ -20,8 +20,8 @@ try:
     import redis.asyncio as aioredis
     from redis import exceptions as rex
     from redis.asyncio.cluster import ClusterNode, RedisCluster
+    from redis.asyncio.retry import Retry
     from redis.backoff import ExponentialBackoff
-    from redis.retry import Retry
 except ImportError as exc:  # pragma: no cover - the extra is part of the test install
     raise ConnectionError("the redis backend needs redis-py: pip install 'fairq[redis]'") from exc
 
