@@ -15,7 +15,7 @@ demo: $(STAMP)         ## the BoxOffice ticket-PDF demo with worker processes, o
 	$(BIN)/fairq demo
 
 test: $(STAMP) lint browser   ## the whole test suite (lint, types, tests, browser tests)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 browser:               ## Debian's chromium for the dashboard's browser tests, only if missing
 	@[ -x /usr/bin/chromium ] || { \

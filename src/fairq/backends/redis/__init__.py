@@ -9,14 +9,13 @@ own module and class, stacked into :class:`RedisBackend`.
 from __future__ import annotations
 
 from ...clock import Clock
+from .attention import RedisAttention
 from .conn import parse_url
-from .rest import RedisRest
-from .rooms import RedisRooms
 
 __all__ = ["RedisBackend", "open_redis"]
 
 
-class RedisBackend(RedisRooms, RedisRest):
+class RedisBackend(RedisAttention):
     """fairq on Redis; see the module docstring."""
 
 

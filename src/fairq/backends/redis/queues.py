@@ -20,6 +20,7 @@ from ...errors import ConfigConflict, LeaseLost, QueueFull
 from ...message import Received, id_time, parse_receipt
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..rules import (
+    DedupPlan,
     check_priorities,
     dead_letter_attributes,
     plan_dedup,
@@ -157,40 +158,47 @@ class RedisQueues(RedisCore):
                     seen[dedup_id] = int(mid, 16)
         return seen
 
+    async def send_args(self, queue: str, envelopes: list[Envelope]) -> tuple[list[Any], DedupPlan]:
+        """The send script's arguments for ``envelopes`` (from its ``n`` on), with the
+        dedup plan made from the queue's dedup entries (``rules.plan_dedup``)."""
+        seen: dict[str, int] = {}
+        if any(e.dedup_id is not None for e in envelopes):
+            seen = await self._dedup_seen(queue, envelopes)
+        plan = plan_dedup(envelopes, seen.get)
+        args: list[Any] = [str(len(plan.fresh))]
+        first = {i: d for d, i in plan.first.items()}
+        for i, e in enumerate(plan.fresh):
+            args += (
+                repr(e.delay),
+                str(e.priority),
+                e.group or "",
+                orjson.dumps(e.attributes) if e.attributes else "",
+                e.body,
+                first.get(i, ""),
+            )
+        args.append(str(len(seen)))
+        for d, mid in seen.items():
+            args += (d, f"{mid:016x}")
+        return args, plan
+
+    def raise_send_error(self, queue: str, envelopes: list[Envelope], err: ScriptError) -> None:
+        """Raise the fairq error for a send script's error."""
+        if err.code == "FULL":
+            name, max_length, overflow, detail = err.values
+            raise QueueFull(name, int(max_length), detail, overflow) from None
+        if err.code == "PRIO":
+            check_priorities(queue, envelopes, int(err.values[0]))
+        self.raise_common(err)
+
     async def send(self, queue: str, envelopes: list[Envelope]) -> list[str]:
         for _ in range(_STALE_RETRIES):
-            if any(e.dedup_id is not None for e in envelopes):
-                seen = await self._dedup_seen(queue, envelopes)
-                plan = plan_dedup(envelopes, seen.get)
-            else:
-                seen = {}
-                plan = plan_dedup(envelopes, seen.get)
-            args: list[Any] = [str(len(plan.fresh))]
-            first = {i: d for d, i in plan.first.items()}
-            for i, e in enumerate(plan.fresh):
-                args += (
-                    repr(e.delay),
-                    str(e.priority),
-                    e.group or "",
-                    orjson.dumps(e.attributes) if e.attributes else "",
-                    e.body,
-                    first.get(i, ""),
-                )
-            dups = [(d, mid) for d, mid in seen.items()]
-            args.append(str(len(dups)))
-            for d, mid in dups:
-                args += (d, f"{mid:016x}")
+            args, plan = await self.send_args(queue, envelopes)
             try:
                 made = await self.run("send", queue, queue, *args)
             except ScriptError as err:
                 if err.code == "STALE":
                     continue
-                if err.code == "FULL":
-                    name, max_length, overflow, detail = err.values
-                    raise QueueFull(name, int(max_length), detail, overflow) from None
-                if err.code == "PRIO":
-                    check_priorities(queue, envelopes, int(err.values[0]))
-                self.raise_common(err)
+                self.raise_send_error(queue, envelopes, err)
             await self.drain_outbox(queue)
             return plan.answer([int(m, 16) for m in made])
         raise ConfigConflict(f"queue {queue!r}: deduplication kept changing under this send")

@@ -6,27 +6,7 @@
 sweep_family(fbase_of(arg(1)))
 local q = load_queue(arg(1))
 if not q then finish(); return fail('NOQUEUE', arg(1)) end
-local n, lease = narg(2), arg(4)
-local until_ = NOW + (tonumber(arg(3)) or q.vt)
-local out = {''}
-local cutoff = id_at(NOW - q.retention)
-while #out - 1 < n do
-  local got = redis.call('ZPOPMIN', q.r, n - (#out - 1))
-  if #got == 0 then break end
-  for i = 1, #got, 2 do
-    local id = got[i]
-    if id < cutoff then
-      dead_letter(q, id, nil, 'expired')
-    else
-      local attempt = redis.call('HINCRBY', q.a, id, 1)
-      if attempt > 1 then redis.call('HINCRBY', q.n, 'redelivered', 1) end
-      redis.call('ZADD', q.l, until_, id)
-      redis.call('HSET', q.k, id, lease)
-      out[#out + 1] = {id, attempt, fields_of(q, id) or {}}
-    end
-  end
-  touch(q)
-end
+local out = lease_messages(q, narg(2), tonumber(arg(3)), arg(4))
 if #out == 1 then out[1] = tostring(queue_due(q) or '') end
 finish()
 return out

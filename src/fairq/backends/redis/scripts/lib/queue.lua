@@ -357,6 +357,85 @@ local function drop_queue(q)
   wake(q.name)
 end
 
+-- lease up to n visible messages of q in delivery order (priority, availability, id),
+-- dead-lettering those past retention; returns {"", {id, attempt, fields}...}
+local function lease_messages(q, n, vt, lease)
+  local until_ = NOW + (vt or q.vt)
+  local out = {''}
+  local cutoff = id_at(NOW - q.retention)
+  while #out - 1 < n do
+    local got = redis.call('ZPOPMIN', q.r, n - (#out - 1))
+    if #got == 0 then break end
+    for i = 1, #got, 2 do
+      local id = got[i]
+      if id < cutoff then
+        dead_letter(q, id, nil, 'expired')
+      else
+        local attempt = redis.call('HINCRBY', q.a, id, 1)
+        if attempt > 1 then redis.call('HINCRBY', q.n, 'redelivered', 1) end
+        redis.call('ZADD', q.l, until_, id)
+        redis.call('HSET', q.k, id, lease)
+        out[#out + 1] = {id, attempt, fields_of(q, id) or {}}
+      end
+    end
+    touch(q)
+  end
+  return out
+end
+
+-- store a send whose arguments start at arg(o): n, then per message 6 values (delay,
+-- priority, group, attributes JSON, body, dedup id), then m (dedup id, id) pairs of
+-- duplicates the client planned; returns the new ids, or nil and an error reply
+local function send_messages(q, o)
+  local n = narg(o)
+  local items, dedups = {}, {}
+  for i = 0, n - 1 do
+    local b = o + 1 + i * 6
+    local prio = tonumber(arg(b + 1))
+    if prio > q.maxp then return nil, fail('PRIO', q.maxp) end
+    local f = {}
+    local attrs = arg(b + 3)
+    if attrs ~= '' then f[#f + 1] = 'a'; f[#f + 1] = attrs end
+    f[#f + 1] = 'b'; f[#f + 1] = arg(b + 4)
+    local grp = arg(b + 2)
+    items[#items + 1] = {fields = f, delay = tonumber(arg(b)), prio = prio,
+                         group = grp ~= '' and grp or nil}
+    dedups[#dedups + 1] = arg(b + 5)
+  end
+  -- the plan: fresh dedup ids must be unknown (or expired), duplicates still known
+  local function live(d)
+    local v = redis.call('HGET', q.u, d)
+    if not v then return nil end
+    local id, exp = string.match(v, '^(%x+) (.+)$')
+    if tonumber(exp) > NOW then return id end
+    redis.call('HDEL', q.u, d); redis.call('ZREM', q.x, d)  -- so the next plan sees it gone
+    return nil
+  end
+  for _, d in ipairs(dedups) do
+    if d ~= '' and live(d) then return nil, fail('STALE') end
+  end
+  local e = o + 1 + n * 6
+  for j = 1, narg(e) do
+    if live(arg(e + 2 * j - 1)) ~= arg(e + 2 * j) then return nil, fail('STALE') end
+  end
+  local err, victims = plan_room(q, n)
+  if err then return nil, err end
+  apply_room(q, victims)
+  local ids = insert(q, items)
+  if q.dedup_window > 0 then
+    local exp = NOW + q.dedup_window
+    local stale = redis.call('ZRANGEBYSCORE', q.x, '-inf', NOW, 'LIMIT', 0, 100)
+    for _, d in ipairs(stale) do redis.call('HDEL', q.u, d); redis.call('ZREM', q.x, d) end
+    for i, d in ipairs(dedups) do
+      if d ~= '' then
+        redis.call('HSET', q.u, d, ids[i] .. ' ' .. string.format('%.6f', exp))
+        redis.call('ZADD', q.x, exp, d)
+      end
+    end
+  end
+  return ids, nil
+end
+
 -- the end of every script: the family due index, then the wake-ups
 local function finish()
   update_due()
