@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 import fairq
+from redis_servers import drop_prefix
 
-BACKENDS = ["memory", "sqlite", "redis"]
+BACKENDS = ["memory", "sqlite", "redis", "redis-cluster"]
 SERVICES: dict[str, tuple[str, int]] = {  # backend -> (host, port) it needs
     "redis": ("127.0.0.1", 6379),
 }
@@ -44,6 +45,14 @@ def _url(backend: str, tmp_path: Path) -> str:
 
 
 def _require(backend: str) -> None:
+    if backend == "redis-cluster":
+        from redis_servers import available
+
+        if not available():
+            if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
+                pytest.fail("redis-server is not installed and FAIRQ_REQUIRE_SERVICES=1")
+            pytest.skip("redis-server is not installed (the test Cluster needs it)")
+        return
     need = SERVICES.get(backend)
     if need and not service_up(*need):
         if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
@@ -58,29 +67,26 @@ def backend_name(request: pytest.FixtureRequest) -> str:
     return name
 
 
-def drop_prefix(url: str) -> int:
-    """Delete every key under the test URL's prefix (Redis); return how many there were."""
-    from urllib.parse import parse_qsl, urlsplit
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A 3-master Redis Cluster of this test session (its own redis-servers on loopback
+    ports 16400-16499), stopped at the end."""
+    from redis_servers import RedisCluster
 
-    import redis
-
-    parts = urlsplit(url)
-    prefix = dict(parse_qsl(parts.query)).get("prefix")
-    if not prefix or not prefix.startswith("t-"):
-        return 0
-    client = redis.Redis(host=parts.hostname or "127.0.0.1", port=parts.port or 6379)
+    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
     try:
-        keys = list(client.scan_iter(match=prefix + "*", count=1000))
-        for i in range(0, len(keys), 500):
-            client.unlink(*keys[i : i + 500])
-        return len(keys)
+        yield cluster.url
     finally:
-        client.close()
+        cluster.stop()
 
 
 @pytest.fixture
-def url(backend_name: str, tmp_path: Path) -> Iterator[str]:
-    u = _url(backend_name, tmp_path)
+def url(backend_name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+    if backend_name == "redis-cluster":
+        base = request.getfixturevalue("redis_cluster")
+        u = f"{base}?prefix=t-{secrets.token_hex(6)}:"
+    else:
+        u = _url(backend_name, tmp_path)
     yield u
     if backend_name.startswith("redis"):
         drop_prefix(u)

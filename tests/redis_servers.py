@@ -19,6 +19,14 @@ REDIS_SERVER = shutil.which("redis-server") or "/usr/bin/redis-server"
 REDIS_CLI = shutil.which("redis-cli") or "/usr/bin/redis-cli"
 
 
+def service_up(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
 def available() -> bool:
     return os.path.exists(REDIS_SERVER) and os.path.exists(REDIS_CLI)
 
@@ -178,3 +186,39 @@ class RedisCluster:
     def stop(self) -> None:
         for n in self.nodes:
             n.stop()
+
+
+def drop_prefix(url: str) -> int:
+    """Delete every key under the test URL's prefix (Redis, every node of a Cluster);
+    return how many there were."""
+    from urllib.parse import parse_qsl, urlsplit
+
+    import redis
+    from redis.cluster import RedisCluster
+
+    parts = urlsplit(url)
+    prefix = dict(parse_qsl(parts.query)).get("prefix")
+    if not prefix or not prefix.startswith("t-"):
+        return 0
+    host, port = parts.hostname or "127.0.0.1", parts.port or 6379
+    if parts.scheme == "redis+cluster":
+        cluster = RedisCluster(host=host, port=port)
+        try:
+            nodes = [(n.host, n.port) for n in cluster.get_primaries()]
+        finally:
+            cluster.close()
+    else:
+        nodes = [(host, port)]
+    n = 0
+    for h, p in nodes:
+        client = redis.Redis(host=h, port=p)
+        try:
+            keys = list(client.scan_iter(match=prefix + "*", count=1000))
+            with client.pipeline(transaction=False) as pipe:
+                for key in keys:  # one by one: on a Cluster node they are in many slots
+                    pipe.unlink(key)
+                pipe.execute()
+            n += len(keys)
+        finally:
+            client.close()
+    return n

@@ -422,7 +422,8 @@ async def test_rule9_dedup(broker: fairq.Broker, clock: fairq.ManualClock) -> No
 
 async def test_rule9_dedup_within_a_batch_and_per_queue(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("dedup2")
-    other = await broker.declare_queue("dedup3")
+    # another queue of the same family: on Redis Cluster ids are unique within a family
+    other = await broker.declare_queue("dedup2.other")
     ids = await q.send_batch(
         [Outgoing(b"1", dedup_id="k"), Outgoing(b"2", dedup_id="k"), Outgoing(b"3")]
     )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -23,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import fairq
-from conftest import _require, _url, drop_prefix
+from redis_servers import drop_prefix, service_up
 
 HERE = Path(__file__).parent
 
@@ -49,13 +50,21 @@ def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 20.0) -
     raise AssertionError(f"child never printed {prefix!r}")
 
 
+def _redis_url() -> str:
+    """A key prefix of its own on the shared Redis (skipped when it is down, unless CI)."""
+    if not service_up("127.0.0.1", 6379):
+        if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
+            pytest.fail("redis at 127.0.0.1:6379 is down and FAIRQ_REQUIRE_SERVICES=1")
+        pytest.skip("redis at 127.0.0.1:6379 is not reachable")
+    return f"redis://127.0.0.1:6379/0?prefix=t-{secrets.token_hex(6)}:"
+
+
 @pytest.fixture(params=["sqlite", "redis"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'crash.db'}"
         return
-    _require("redis")
-    u = _url("redis", tmp_path)
+    u = _redis_url()
     yield u
     drop_prefix(u)
 
@@ -91,8 +100,7 @@ async def test_killed_producer_batches_are_whole(tmp_path: Path, sync: str) -> N
 
 
 async def test_killed_producer_batches_are_whole_on_redis(tmp_path: Path) -> None:
-    _require("redis")
-    url = _url("redis", tmp_path)
+    url = _redis_url()
     try:
         await _killed_producer_batches_are_whole(url)
     finally:

@@ -81,7 +81,7 @@ def parse_url(url: str) -> RedisOptions:
     Query options: ``prefix`` (of every key, default ``fairq:``), ``clock`` (``client``:
     scripts use the broker's clock, the default; ``server``: Redis's ``TIME``),
     ``timeout`` (seconds a command may take, default 5), ``connect_timeout`` (default 2),
-    ``max_connections`` (default 64), ``safety_poll`` (seconds between the long polls'
+    ``max_connections`` (default 1024), ``safety_poll`` (seconds between the long polls'
     safety checks, default 5).
     """
     parts = urlsplit(url)
@@ -107,7 +107,7 @@ def parse_url(url: str) -> RedisOptions:
         raise InvalidOption(f"clock must be client or server, got {clock!r}")
     timeout = _number(options, "timeout", 5.0, url)
     connect_timeout = _number(options, "connect_timeout", 2.0, url)
-    max_connections = int(_number(options, "max_connections", 64, url))
+    max_connections = int(_number(options, "max_connections", 1024, url))
     safety_poll = _number(options, "safety_poll", 5.0, url)
     if options:
         raise InvalidOption(f"unknown redis URL options: {', '.join(sorted(options))}")

@@ -276,11 +276,21 @@ class RedisQueues(RedisCore):
             await self.queue_config(to)  # QueueNotFound before anything moves
         moved = 0
         after = ""
+        known: set[str] = set()  # queues of other families seen to exist (Cluster)
         while limit is None or moved < limit:
             chunk = _REDRIVE_CHUNK if limit is None else min(_REDRIVE_CHUNK, limit - moved)
-            n, last = await self._call("redrive", queue, to or "", str(chunk), after)
+            n, last, *unknown = await self._call(
+                "redrive", queue, to or "", str(chunk), after, *sorted(known)
+            )
             moved += int(n)
             await self.drain_outbox(queue)
+            found = False
+            for target in map(_text, unknown):
+                if await self.command("HEXISTS", self.fkey(target, "queues"), target):
+                    known.add(target)
+                    found = True
+            if found:
+                continue  # the same chunk again, now that its targets are known
             last = _text(last)
             if not last:
                 break
