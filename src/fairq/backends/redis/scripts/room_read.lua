@@ -5,7 +5,8 @@
 -- KEYS[1] the room's row ({r:<room>}:row); the other keys share its hash tag
 -- ARGV: header; then requests, each a kind and one or two numbers:
 --   "step" p       the admission step covering place p: upto, admitted_at, expires_at
---   "after" c n    up to n steps after cursor c: upto, expires_at pairs
+--   "after" c n    up to n steps after cursor c ("x": the row's expired_upto): upto,
+--                  "admitted_at expires_at" pairs
 --   "used" s       1 if the token of arrival s was used, else 0
 --   "between" a b  how many used tokens sit at places a < place <= b
 -- returns {now, row fields and values (flat), answers...} | {now} if there is no room
@@ -24,7 +25,9 @@ while arg(i) do
     else out[#out + 1] = {} end
     i = i + 2
   elseif kind == 'after' then
-    local got = redis.call('ZRANGEBYSCORE', base .. 'steps', '(' .. arg(i + 1), '+inf',
+    local cursor = arg(i + 1)
+    if cursor == 'x' then cursor = redis.call('HGET', KEYS[1], 'expired_upto') or '0' end
+    local got = redis.call('ZRANGEBYSCORE', base .. 'steps', '(' .. cursor, '+inf',
       'LIMIT', 0, narg(i + 2))
     local pairs_ = {}
     for _, upto in ipairs(got) do
