@@ -184,7 +184,7 @@ def rq_drain(port: int, n: int) -> Measured:
 def arq_drain(port: int, n: int) -> Measured:
     from arq import create_pool
     from arq.connections import RedisSettings
-    from arq.worker import Worker
+    from arq.worker import Worker, func
 
     settings = RedisSettings(port=port)
     count = [0]
@@ -198,7 +198,7 @@ def arq_drain(port: int, n: int) -> Measured:
             await pool.enqueue_job("noop", i)
         await pool.aclose()
         worker = Worker(
-            functions=[noop],  # type: ignore[list-item]
+            functions=[func(noop, name="noop")],
             redis_settings=settings,
             burst=True,
             poll_delay=0.01,

@@ -1,14 +1,14 @@
 -- nack: end a lease without success: visible after delay, or dead-lettered after the
 -- last allowed attempt.
 -- KEYS[1] the family's due index
--- ARGV: header; 1 name, 2 "1", 3 id, 4 lease token, 5 delay
+-- ARGV: header; 1 name, 2 "1", 3 the receipt ("id.lease"), 4 delay
 -- returns 1 | error FQ:LOST
 sweep_family(fbase_of(arg(1)))
 local q = load_queue(arg(1))
 if not q then finish(); return fail('NOQUEUE', arg(1)) end
 local ok = current(q, 2)
 if #ok == 0 then finish(); return fail('LOST') end
-local id, delay = ok[1], narg(5)
+local id, delay = ok[1], narg(4)
 redis.call('HINCRBY', q.n, 'nacked', 1)
 local attempt = tonumber(redis.call('HGET', q.a, id) or 0)
 if q.max_attempts and attempt >= q.max_attempts then

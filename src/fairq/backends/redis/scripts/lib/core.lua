@@ -70,3 +70,27 @@ end
 local function id_time(hex) return tonumber(string.sub(hex, 1, 12), 16) / 1000 end
 -- the smallest id sent at or after time t (retention cut-offs compare ids as strings)
 local function id_at(t) return string.format('%012x0000', math.max(0, math.floor(t * 1000))) end
+
+-- redis.call(cmd, key, items...) in chunks (Lua's unpack is bounded); width: items per
+-- element (2 for score/member or field/value pairs), so no pair is split; returns the
+-- sum of integer replies
+local function bulk(cmd, key, items, width)
+  local step = 2000 * (width or 1)
+  local total = 0
+  for i = 1, #items, step do
+    local got = redis.call(cmd, key, unpack(items, i, math.min(#items, i + step - 1)))
+    if type(got) == 'number' then total = total + got end
+  end
+  return total
+end
+
+-- HMGET / ZMSCORE over many fields, in chunks; one reply per field
+local function bulk_get(cmd, key, fields)
+  local out = {}
+  for i = 1, #fields, 2000 do
+    local got = redis.call(cmd, key, unpack(fields, i, math.min(#fields, i + 1999)))
+    for _, v in ipairs(got) do out[#out + 1] = v end
+    for j = #got + 1, math.min(#fields, i + 1999) - i + 1 do out[#out + 1] = false end
+  end
+  return out
+end

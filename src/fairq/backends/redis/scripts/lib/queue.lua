@@ -109,17 +109,19 @@ local function make_available(q, id, prio, avail)
   end
 end
 
--- store new records in q; each item: {fields = {k, v, ...}, delay, prio, group}
+-- store new records in q; each item: {fields = {k, v, ...}, delay, prio, group, ref}
 local function insert(q, items)
   local ids = new_ids(q.fb, #items)
   local headed = {}
+  local ready, delayed = {}, {}
   for i, it in ipairs(items) do
     local id = ids[i]
     local f = it.fields
     local grp = it.group
     if q.fifo and not grp then grp = 'default' end
     if grp then f[#f + 1] = 'g'; f[#f + 1] = grp end
-    if it.prio and it.prio > 0 then f[#f + 1] = 'p'; f[#f + 1] = it.prio end
+    local prio = it.prio or 0
+    if prio > 0 then f[#f + 1] = 'p'; f[#f + 1] = prio end
     redis.call('XADD', q.s, sid(id), unpack(f))
     if it.ref then redis.call('HSET', q.y, id, it.ref) end
     local avail = NOW + (it.delay or 0)
@@ -135,8 +137,16 @@ local function insert(q, items)
       end
       headed[grp] = true
     end
-    if not blocked then make_available(q, id, it.prio or 0, avail) end
+    if not blocked then
+      if avail > NOW then
+        delayed[#delayed + 1] = avail; delayed[#delayed + 1] = id
+      else
+        ready[#ready + 1] = ready_score(q, prio, avail); ready[#ready + 1] = id
+      end
+    end
   end
+  if #ready > 0 then bulk('ZADD', q.r, ready, 2) end
+  if #delayed > 0 then bulk('ZADD', q.d, delayed, 2); touch(q) end
   redis.call('HINCRBY', q.n, 'sent', #items)
   wake(q.name)
   return ids
@@ -284,15 +294,20 @@ local function sweep_family(fb)
   end
 end
 
--- receipts from arg(first): k ids then k lease tokens; returns the ids of current leases
--- and the (1-based) positions of the receipts that are not current
+-- receipts from arg(first): k, then one string of k "id.lease" separated by spaces;
+-- returns the ids of current leases and the (1-based) positions of those not current
 local function current(q, first)
   local k = narg(first)
   local ok, lost, seen = {}, {}, {}
+  local ids, leases = {}, {}
+  for id, lease in string.gmatch(arg(first + 1), '(%x+)%.(%x+)') do
+    ids[#ids + 1] = id; leases[#leases + 1] = lease
+  end
+  local held_all = bulk_get('HMGET', q.k, ids)
+  local till_all = bulk_get('ZMSCORE', q.l, ids)
   for i = 1, k do
-    local id, lease = arg(first + i), arg(first + k + i)
-    local held = redis.call('HGET', q.k, id)
-    local till = redis.call('ZSCORE', q.l, id)
+    local id, lease = ids[i], leases[i]
+    local held, till = held_all[i], till_all[i]
     if held == lease and till and tonumber(till) > NOW then
       if not seen[id] then seen[id] = true; ok[#ok + 1] = id end
     else
@@ -357,8 +372,44 @@ local function drop_queue(q)
   wake(q.name)
 end
 
+-- the records of ids (hex), as field lists by id: one XRANGE over their span when they are
+-- close together in the stream (the common case: popped in send order), else one each
+local function records_of(q, ids)
+  local out = {}
+  if #ids == 0 then return out end
+  local lo, hi = ids[1], ids[1]
+  for _, id in ipairs(ids) do
+    if id < lo then lo = id end
+    if id > hi then hi = id end
+  end
+  local wanted = {}
+  for _, id in ipairs(ids) do wanted[id] = true end
+  local got = redis.call('XRANGE', q.s, sid(lo), sid(hi), 'COUNT', 4 * #ids + 16)
+  for _, e in ipairs(got) do
+    local id = hex_of_sid(e[1])
+    if wanted[id] then out[id] = e[2] end
+  end
+  for _, id in ipairs(ids) do
+    if not out[id] then
+      local one = redis.call('XRANGE', q.s, sid(id), sid(id))
+      if one[1] then out[id] = one[1][2] end
+    end
+  end
+  -- a shared body is resolved here so the client always gets 'b'
+  for _, f in pairs(out) do
+    for i = 1, #f, 2 do
+      if f[i] == 'br' then
+        f[#f + 1] = 'b'; f[#f + 1] = redis.call('HGET', q.fb .. 'b', f[i + 1]) or ''
+        break
+      end
+    end
+  end
+  return out
+end
+
 -- lease up to n visible messages of q in delivery order (priority, availability, id),
--- dead-lettering those past retention; returns {"", {id, attempt, fields}...}
+-- dead-lettering those past retention; returns {"", {id, attempt, fields}...}. The leased
+-- ones are written with one command per structure, not one per message.
 local function lease_messages(q, n, vt, lease)
   local until_ = NOW + (vt or q.vt)
   local out = {''}
@@ -366,21 +417,52 @@ local function lease_messages(q, n, vt, lease)
   while #out - 1 < n do
     local got = redis.call('ZPOPMIN', q.r, n - (#out - 1))
     if #got == 0 then break end
+    local ids = {}
     for i = 1, #got, 2 do
       local id = got[i]
-      if id < cutoff then
-        dead_letter(q, id, nil, 'expired')
-      else
-        local attempt = redis.call('HINCRBY', q.a, id, 1)
-        if attempt > 1 then redis.call('HINCRBY', q.n, 'redelivered', 1) end
-        redis.call('ZADD', q.l, until_, id)
-        redis.call('HSET', q.k, id, lease)
-        out[#out + 1] = {id, attempt, fields_of(q, id) or {}}
+      if id < cutoff then dead_letter(q, id, nil, 'expired') else ids[#ids + 1] = id end
+    end
+    if #ids > 0 then
+      local before = bulk_get('HMGET', q.a, ids)
+      local attempts, leased, tokens = {}, {}, {}
+      local redelivered = 0
+      for i, id in ipairs(ids) do
+        local attempt = tonumber(before[i] or 0) + 1
+        if attempt > 1 then redelivered = redelivered + 1 end
+        attempts[#attempts + 1] = id; attempts[#attempts + 1] = attempt
+        leased[#leased + 1] = until_; leased[#leased + 1] = id
+        tokens[#tokens + 1] = id; tokens[#tokens + 1] = lease
+        before[i] = attempt
       end
+      bulk('HSET', q.a, attempts, 2)
+      bulk('ZADD', q.l, leased, 2)
+      bulk('HSET', q.k, tokens, 2)
+      if redelivered > 0 then redis.call('HINCRBY', q.n, 'redelivered', redelivered) end
+      local recs = records_of(q, ids)
+      for i, id in ipairs(ids) do out[#out + 1] = {id, before[i], recs[id] or {}} end
     end
     touch(q)
   end
   return out
+end
+
+-- ack the current leases of ids (from current()): one command per structure when nothing
+-- per message is needed (no FIFO group to advance, no shared body to release)
+local function ack_messages(q, ids)
+  if #ids == 0 then return end
+  if q.fifo or redis.call('EXISTS', q.y) == 1 then
+    for _, id in ipairs(ids) do remove(q, id, 'l') end
+  else
+    local sids = {}
+    for i, id in ipairs(ids) do sids[i] = sid(id) end
+    bulk('ZREM', q.l, ids)
+    bulk('HDEL', q.k, ids)
+    bulk('HDEL', q.a, ids)
+    bulk('XDEL', q.s, sids)
+    touch(q)
+    wake(q.name)
+  end
+  redis.call('HINCRBY', q.n, 'acked', #ids)
 end
 
 -- store a send whose arguments start at arg(o): n, then per message 6 values (delay,
@@ -389,7 +471,15 @@ end
 local function send_messages(q, o)
   local n = narg(o)
   local items, dedups = {}, {}
-  for i = 0, n - 1 do
+  local width = 6
+  if n < 0 then  -- -n: n plain bodies (no options, attributes or dedup id), one value each
+    n, width = -n, 1
+    for i = 1, n do
+      items[i] = {fields = {'b', arg(o + i)}, delay = 0, prio = 0}
+      dedups[i] = ''
+    end
+  end
+  for i = 0, (width == 6 and n or 0) - 1 do
     local b = o + 1 + i * 6
     local prio = tonumber(arg(b + 1))
     if prio > q.maxp then return nil, fail('PRIO', q.maxp) end
@@ -414,7 +504,7 @@ local function send_messages(q, o)
   for _, d in ipairs(dedups) do
     if d ~= '' and live(d) then return nil, fail('STALE') end
   end
-  local e = o + 1 + n * 6
+  local e = o + 1 + n * width
   for j = 1, narg(e) do
     if live(arg(e + 2 * j - 1)) ~= arg(e + 2 * j) then return nil, fail('STALE') end
   end
