@@ -103,7 +103,8 @@ class RedisServer:
         try:
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as s:
                 s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
+                reply = s.recv(16)  # +PONG, or -NOAUTH from a server with a password
+                return reply.startswith((b"+PONG", b"-NOAUTH"))
         except OSError:
             return False
 
