@@ -516,3 +516,55 @@ def main(n: int, runs: int, systems: tuple[str, ...], latency_seconds: float) ->
         print(f"{r['system']:22s} {r['phase']:30s} {r['msgs_per_s']:>10,.0f}  {r['note']}")
     _say(f"results written to {path}")
     return 0
+
+
+def plot(doc: dict[str, Any], path: Path) -> None:
+    """Bars of the run's medians: send and receive+ack beside raw Streams, and the worker
+    drains beside the peers."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = {(r["system"], r["phase"]): r["msgs_per_s"] for r in doc["results"]}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    labels = [SEND, RECV]
+    for i, system in enumerate((RAW, FAIRQ)):
+        values = [rows.get((system, p), 0) for p in labels]
+        left.bar([x + i * 0.4 for x in range(len(labels))], values, width=0.4, label=system)
+    left.set_xticks(
+        [x + 0.2 for x in range(len(labels))], ["send (batch 100)", "receive+ack (100)"]
+    )
+    left.set_ylabel("msgs/s (median)")
+    left.set_title("fairq on Redis beside raw redis-py Streams")
+    left.legend()
+    systems = [s for s in (FAIRQ, *PEERS) if (s, DRAIN) in rows]
+    right.bar(systems, [rows[(s, DRAIN)] for s in systems], color="tab:green")
+    right.set_ylabel("msgs/s (median)")
+    right.set_title("one worker, no-op handler, Redis broker")
+    right.tick_params(axis="x", rotation=20)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The run as Markdown (for docs/benchmarks.md)."""
+    rows = {(r["system"], r["phase"]): r for r in doc["results"]}
+    raw = {p: rows[(RAW, p)]["msgs_per_s"] for p in (SEND, RECV) if (RAW, p) in rows}
+    drains = [rows[(s, DRAIN)] for s in (FAIRQ, *PEERS) if (s, DRAIN) in rows]
+    best = max((r["msgs_per_s"] for r in drains if r["system"] != FAIRQ), default=None)
+    lines = [
+        "| system | phase | msgs/s (median) | runs | vs raw Streams | vs best peer | notes |",
+        "|---|---|--:|---|--:|--:|---|",
+    ]
+    for r in doc["results"]:
+        vs_raw = r["msgs_per_s"] / raw[r["phase"]] if r["phase"] in raw else None
+        vs_peer = r["msgs_per_s"] / best if r["phase"] == DRAIN and best else None
+        runs = ", ".join(f"{v:,.0f}" for v in r["runs"])
+        lines.append(
+            f"| {r['system']} | {r['phase']} | {r['msgs_per_s']:,.0f} | {runs} | "
+            f"{'—' if vs_raw is None else f'{vs_raw:.2f}'} | "
+            f"{'—' if vs_peer is None else f'{vs_peer:.2f}'} | {r['note']} |"
+        )
+    return "\n".join(lines)
