@@ -234,3 +234,74 @@ async def test_cluster_refuses_a_domain_scattered_over_slots(cluster_broker: fai
     a = await cluster_broker.declare_attention("market", work_queue="{domain}.{key}.work")
     await a.publish("store-1", b"x")
     assert (await a.stats()).signals_pending == 1
+
+
+# -- costs that must not grow --------------------------------------------------------------
+@pytest.fixture
+def private(tmp_path: Path) -> Iterator[RedisServer]:
+    if not available():
+        pytest.skip("redis-server is not installed")
+    server = RedisServer(tmp_path, None).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _calls(port: int) -> dict[str, int]:
+    import redis
+
+    r = redis.Redis(port=port)
+    try:
+        return {k: int(v["calls"]) for k, v in r.info("commandstats").items()}
+    finally:
+        r.close()
+
+
+async def test_status_costs_the_same_at_100_and_20000_fans(private: RedisServer) -> None:
+    """SPEC §8 rule 8: a status is a few commands on the room's row, never a walk over the
+    fans ahead (Redis's own counters say how many commands ran)."""
+    costs = []
+    async with await fairq.connect(private.url) as b:
+        for fans in (100, 20_000):
+            room = await b.waiting_room(f"r{fans}", admit_rate=1000)
+            tickets = await room.join_many([f"fan-{i}" for i in range(fans)])
+            await room.admit(10)
+            before = _calls(private.port)
+            for t in (tickets[-1], tickets[fans // 2], tickets[3]):  # waiting and admitted
+                await room.status(t.ticket)
+            after = _calls(private.port)
+            costs.append({k: after[k] - before.get(k, 0) for k in after})
+    assert costs[0] == costs[1], costs
+
+
+async def test_acked_messages_leave_nothing_behind(private: RedisServer) -> None:
+    import redis
+
+    r = redis.Redis(port=private.port)
+    async with await fairq.connect(private.url) as b:
+        q = await b.declare_queue("clean", dedup_window=0)
+        t = await b.declare_topic("clean")
+        await t.subscribe("a")
+        await t.subscribe("b")
+        await q.send(b"warm")
+        (m,) = await q.receive()
+        await m.ack()
+        keys_before = set(r.keys("*"))
+        await q.send_batch([fairq.Outgoing(b"x" * 200) for _ in range(500)])
+        await t.publish_batch([fairq.Outgoing(b"y" * 200) for _ in range(100)])
+        for name in ("clean", "clean.a", "clean.b"):
+            while msgs := await b.queue(name).receive(max_messages=100):
+                await b.queue(name).ack_batch([x.receipt for x in msgs])
+        leftover = set(r.keys("*")) - keys_before
+        # a few keys per queue or family (empty streams, the body-ref counter), none per message
+        assert len(leftover) <= 6, leftover
+        for k in r.keys("*"):
+            kind = r.type(k)
+            if kind == b"stream":
+                assert r.xlen(k) == 0, k
+            elif kind == b"zset" and (k.endswith((b":r", b":l", b":d"))):
+                assert r.zcard(k) == 0, k
+            elif kind == b"hash" and k.endswith((b":a", b":k", b":y", b":b", b":bc")):
+                assert r.hlen(k) == 0, k
+    r.close()
