@@ -299,7 +299,8 @@ def taskiq_drain(port: int, n: int) -> Measured:
 
 # -- latency, wake-up, memory ----------------------------------------------------------------
 CHILD = """
-import asyncio, sys, time, orjson, fairq
+import asyncio, sys, time, orjson, fairq, os
+POLL = float(os.environ.get("BENCH_POLL", "1.0"))
 async def main(url, mode, seconds):
     async with await fairq.connect(url) as broker:
         q = broker.queue(mode)
@@ -311,14 +312,16 @@ async def main(url, mode, seconds):
                     print("got", time.time() - float(m.body), flush=True)
                     await m.ack()
             return
-        worker = fairq.Worker(broker, concurrency=32, handle_signals=False, poll_wait=1.0)
+        worker = fairq.Worker(broker, concurrency=32, handle_signals=False, poll_wait=POLL)
+        seen = []  # printed at the end: a full stdout pipe would stall the worker
         @worker.queue(mode, concurrency=32)
         async def h(m):
-            print("lat", time.time() - float(orjson.loads(m.body)["t"]), flush=True)
+            seen.append(time.time() - float(orjson.loads(m.body)["t"]))
         print("ready", flush=True)
         task = asyncio.create_task(worker.run())
         await asyncio.sleep(seconds)
         worker.stop(); await task
+        print(chr(10).join(f"lat {x}" for x in seen), flush=True)
 asyncio.run(main(sys.argv[1], sys.argv[2], float(sys.argv[3])))
 """
 
