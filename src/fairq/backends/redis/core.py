@@ -58,6 +58,7 @@ class RedisCore(Backend):
         self._client: Client = None
         self._subscriber: Subscriber | None = None
         self._due: dict[str, float] = {}  # queue -> next due time, learnt from replies
+        self._known_families: set[str] = set()
         self._resets_seen = 0
         self._last_safety = time.monotonic()
         self._closed = False
@@ -163,8 +164,12 @@ class RedisCore(Backend):
 
     # -- the family index --------------------------------------------------------------------
     async def add_families(self, *names: str) -> None:
-        """Remember the families of ``names`` (for listing); before anything is created."""
-        await self.command("SADD", f"{self.prefix}families", *{family(n) for n in names})
+        """Remember the families of ``names`` (for listing); before anything is created.
+        The index only grows, so a family this broker added once needs no second call."""
+        new = {family(n) for n in names} - self._known_families
+        if new:
+            await self.command("SADD", f"{self.prefix}families", *new)
+            self._known_families |= new
 
     async def families(self) -> list[str]:
         got = await self.command("SMEMBERS", f"{self.prefix}families")
