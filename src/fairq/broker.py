@@ -38,9 +38,21 @@ DEFAULT_URL = "sqlite:///fairq.db"
 DEFAULT_MAX_MESSAGE_BYTES = 262_144
 
 
+# query parameters that carry secrets (psycopg's ``password``, ``sslpassword``, ...), also
+# percent-encoded inside another URL's parameter (amqp://...?store=postgresql%3A...)
+_SECRET_PARAMS = re.compile(
+    r"((?:[?&]|%3F|%26)"
+    r"(?:password|passwd|pass|pwd|sslpassword|secret|token|api[_-]?key|access[_-]?key)"
+    r"(?:=|%3D))(?:(?!%26)[^&#])*",
+    re.IGNORECASE,
+)
+
+
 def mask_url(url: str) -> str:
-    """``url`` with its password replaced by ``***``."""
-    return re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+    """``url`` with its password — in the user info or a query parameter such as
+    ``?password=`` — replaced by ``***``."""
+    masked = re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+    return _SECRET_PARAMS.sub(r"\1***", masked)
 
 
 def _open_backend(url: str, clock: Clock) -> Backend:
