@@ -97,7 +97,9 @@ class RedisServer:
             if self.proc.poll() is not None:
                 break
             time.sleep(0.02)
-        raise RuntimeError(f"redis-server on {self.port} did not start: {self.log()}")
+        log = self.log()
+        self.kill()  # never leave a half-started server behind
+        raise RuntimeError(f"redis-server on {self.port} did not start: {log}")
 
     def ping(self) -> bool:
         try:
