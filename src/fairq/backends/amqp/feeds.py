@@ -1,0 +1,127 @@
+"""Deliveries from RabbitMQ and fairq's leases on them.
+
+A *feed* is one consumer per queue per broker process (``basic.consume`` with a prefetch on
+a channel of its own). What RabbitMQ pushes waits in the feed's buffer (``held``) until a
+``receive`` takes it and starts a *lease*: the delivery stays unacked on that channel until
+it is acked, nacked, dead-lettered or its visibility timeout ends, so a crashed consumer's
+messages return to the queue at once (the channel closes with the connection).
+
+``receive`` with an empty buffer asks with ``basic.get``; an empty answer is asked once more
+on the same channel: deliveries the broker had already sent this consumer arrive before that
+second answer (a channel's frames keep their order), so an empty receive means the queue
+has nothing visible for this process, not "still in flight".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .link import Channel, Link, driver_errors, spec
+
+__all__ = ["Feed", "Lease"]
+
+log = logging.getLogger("fairq.amqp")
+
+Delivered = Any  # aiormq.abc.DeliveredMessage
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """One current delivery handed to user code."""
+
+    queue: str
+    feed: Feed
+    generation: int
+    tag: int
+    message_id: str
+    body: bytes
+    headers: dict[str, Any]
+    priority: int
+    attempt: int
+    deadline: float
+    enqueued_at: float
+
+
+@dataclass(slots=True, eq=False)
+class Feed:
+    """The consumer of one queue in this process."""
+
+    queue: str
+    link: Link
+    prefetch: int
+    on_delivery: Callable[[str], None]
+    held: collections.deque[Delivered] = field(default_factory=collections.deque)
+    channel: Channel | None = None
+    generation: int = -1
+    consumer_tag: str | None = None
+    leases: int = 0  # this feed's live leases
+    _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def key(self) -> str:
+        return f"feed:{self.queue}"
+
+    def live(self) -> bool:
+        ch = self.channel
+        return ch is not None and not ch.is_closed and self.generation == self.link.generation
+
+    async def start(self) -> Channel:
+        """The feed's channel, consuming (started again after a reconnect or channel error)."""
+        if self.live():
+            assert self.channel is not None
+            return self.channel
+        async with self._starting:
+            if self.live():
+                assert self.channel is not None
+                return self.channel
+            self.held.clear()  # whatever the old channel held went back to the queue
+            self.leases = 0
+            self.link.forget(self.key)
+            ch = await self.link.channel(self.key, prefetch=self.prefetch)
+            # set before consuming: the first deliveries may run before consume-ok returns
+            self.channel, self.generation = ch, self.link.generation
+            with driver_errors(f"consuming queue {self.queue!r}", self.link.url.masked):
+                ok = await ch.basic_consume(self.queue, self._deliver, no_ack=False)
+            self.consumer_tag = ok.consumer_tag
+            return ch
+
+    async def _deliver(self, message: Delivered) -> None:
+        if message.channel is self.channel:
+            self.held.append(message)
+            self.on_delivery(self.queue)
+
+    async def get(self) -> Delivered | None:
+        """One message by ``basic.get`` (None: the queue had none ready)."""
+        ch = await self.start()
+        with driver_errors(f"receiving from queue {self.queue!r}", self.link.url.masked):
+            got = await ch.basic_get(self.queue, no_ack=False)
+        if isinstance(got.delivery, spec.Basic.GetEmpty):
+            return None
+        return got
+
+    async def stop(self) -> list[Delivered]:
+        """Stop consuming; return what was held (still unacked on the channel)."""
+        held = list(self.held)
+        self.held.clear()
+        ch = self.channel
+        if ch is not None and self.live() and self.consumer_tag is not None:
+            try:
+                await ch.basic_cancel(self.consumer_tag)
+            except Exception:  # the channel may be going away anyway
+                log.debug("could not cancel the consumer of %s", self.queue, exc_info=True)
+        return held
+
+    async def close(self) -> None:
+        ch, self.channel = self.channel, None
+        self.held.clear()
+        self.link.forget(self.key)
+        if ch is not None and not ch.is_closed:
+            try:
+                await ch.close()
+            except Exception:
+                log.debug("could not close the channel of %s", self.queue, exc_info=True)
