@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 import fairq
-
 from fairq.backends.open import backend_class
 
 BACKENDS = ["memory", "sqlite", "amqp"]
@@ -49,8 +48,7 @@ def _url(backend: str, tmp_path: Path, namespace: str) -> str:
         return f"sqlite:///{tmp_path / 'fairq.db'}"
     if backend == "amqp":
         return (
-            f"amqp://guest:guest@127.0.0.1:5672/{namespace}"
-            f"?store=sqlite:///{tmp_path / 'store.db'}"
+            f"amqp://guest:guest@127.0.0.1:5672/{namespace}?store=sqlite:///{tmp_path / 'store.db'}"
         )
     raise AssertionError(f"no URL for backend {backend}")
 

@@ -52,6 +52,7 @@ async def test_rule1_consumers_compete_inside_a_subscription(broker: fairq.Broke
     assert (await q.stats()).dead_lettered == 1
 
 
+@pytest.mark.requires("bounded.atomic")
 async def test_rule1_copies_are_atomic_when_a_subscription_is_full(broker: fairq.Broker) -> None:
     t = await broker.declare_topic("atomic")
     roomy = await t.subscribe("roomy")
@@ -66,6 +67,7 @@ async def test_rule1_copies_are_atomic_when_a_subscription_is_full(broker: fairq
     assert (await t.stats()).published == 2
 
 
+@pytest.mark.requires("overflow.block")
 async def test_rule1_publish_blocks_on_a_full_blocking_subscription(
     live_broker: fairq.Broker,
 ) -> None:
@@ -210,6 +212,7 @@ async def test_dedup_per_topic(broker: fairq.Broker, clock: fairq.ManualClock) -
     assert [m.body for m in await drain(q)] == [b"1", b"3"]
 
 
+@pytest.mark.requires("clock.delays")
 async def test_publish_batch_and_delay(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
     t = await broker.declare_topic("batch")
     q = await t.subscribe("s", routing="keep.#")

@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +30,7 @@ __all__ = ["Feed", "Lease"]
 log = logging.getLogger("fairq.amqp")
 
 Delivered = Any  # aiormq.abc.DeliveredMessage
+_RETURN_WAIT = 0.25  # seconds stats wait for a nacked-back delivery to come back
 
 
 @dataclass(slots=True, eq=False)
@@ -60,6 +63,9 @@ class Feed:
     generation: int = -1
     consumer_tag: str | None = None
     leases: int = 0  # this feed's live leases
+    #: message ids this process nacked back, until the broker delivers them again here
+    returning: dict[str, float] = field(default_factory=dict)
+    returned: asyncio.Event = field(default_factory=asyncio.Event)
     _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     @property
@@ -93,16 +99,53 @@ class Feed:
     async def _deliver(self, message: Delivered) -> None:
         if message.channel is self.channel:
             self.held.append(message)
+            mid = message.header.properties.message_id
+            if self.returning and self.returning.pop(mid, 0) and not self.returning:
+                self.returned.set()
             self.on_delivery(self.queue)
+
+    def returns(self, message_id: str) -> None:
+        """A delivery of ``message_id`` was nacked back to the queue: until it comes back
+        (or a moment passes) it is in neither the broker's ready count nor the buffer."""
+        self.returning[message_id] = time.monotonic() + _RETURN_WAIT
+        self.returned.clear()
+
+    async def settled(self) -> None:
+        """Wait (briefly) until what this process nacked back is counted somewhere again."""
+        now = time.monotonic()
+        for mid, until in list(self.returning.items()):
+            if until <= now:
+                del self.returning[mid]
+        if self.returning:
+            wait = max(self.returning.values()) - now
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self.returned.wait()
+            self.returning.clear()
 
     async def get(self) -> Delivered | None:
         """One message by ``basic.get`` (None: the queue had none ready)."""
         ch = await self.start()
-        with driver_errors(f"receiving from queue {self.queue!r}", self.link.url.masked):
-            got = await ch.basic_get(self.queue, no_ack=False)
+        # a cancelled RPC would cost the channel (and every lease on it): let the get finish,
+        # and keep what it brings if nobody waits for it any more
+        task = asyncio.ensure_future(ch.basic_get(self.queue, no_ack=False))
+        try:
+            with driver_errors(f"receiving from queue {self.queue!r}", self.link.url.masked):
+                got = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: self._orphan(t, ch))
+            raise
         if isinstance(got.delivery, spec.Basic.GetEmpty):
             return None
         return got
+
+    def _orphan(self, task: asyncio.Future[Delivered], ch: Channel) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        got = task.result()
+        if not isinstance(got.delivery, spec.Basic.GetEmpty) and ch is self.channel:
+            self.held.appendleft(got)
+            self.on_delivery(self.queue)
 
     async def stop(self) -> list[Delivered]:
         """Stop consuming; return what was held (still unacked on the channel)."""

@@ -38,11 +38,12 @@ try:
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ConnectionError("the RabbitMQ backend needs aio-pika: pip install 'fairq[amqp]'") from exc
 
-__all__ = ["AmqpUrl", "Link", "driver_errors", "parse_url", "spec"]
+__all__ = ["AmqpUrl", "DeliveryError", "Link", "driver_errors", "parse_url", "spec"]
 
 log = logging.getLogger("fairq.amqp")
 
 Channel = aiormq.abc.AbstractChannel
+DeliveryError = aiormq.exceptions.DeliveryError
 
 #: what the driver raises when the broker is gone or refuses (anything else is a bug)
 DRIVER_ERRORS: tuple[type[BaseException], ...] = (

@@ -41,19 +41,20 @@ from ...errors import (
     QueueNotFound,
     Unsupported,
 )
-from ...message import Received, format_id, id_time, next_id_base, parse_id
+from ...message import Received, format_id, id_time, next_id_base, parse_id, parse_receipt
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..base import Backend
 from ..rules import check_priorities, dead_letter_attributes, plan_dedup, redrive_attributes
 from . import topology
 from .feeds import Delivered, Feed, Lease
-from .link import AmqpUrl, Link, driver_errors, spec
+from .link import AmqpUrl, DeliveryError, Link, driver_errors, spec
 
 __all__ = ["AmqpQueues"]
 
 log = logging.getLogger("fairq.amqp")
 
 PRIOR = "fairq-prior"
+GROUP = "fairq-group"
 _HIDDEN_PREFIX = "fairq-"
 _RABBIT_HEADERS = ("x-death", "x-delivery-count", "x-first-death-", "x-last-death-")
 _DEATH_REASONS = {
@@ -220,8 +221,15 @@ class AmqpQueues(Backend):
                 f"queue {name!r} exists in RabbitMQ with other arguments than fairq's "
                 f"(wanted {args}): {exc}"
             ) from exc
-        with driver_errors(f"binding queue {name!r}", self.url.masked):
-            await admin.queue_bind(name, topology.DUE, routing_key=topology.due_pattern(name))
+        await self._bind_due(name)
+
+    async def _bind_due(self, name: str) -> None:
+        """Bind the queue where delays end (a name too long for a routing key has no delays)."""
+        pattern = topology.due_pattern(name)
+        if len(pattern) <= topology.ROUTING_KEY_MAX:
+            admin = await self.link.channel("admin")
+            with driver_errors(f"binding queue {name!r}", self.url.masked):
+                await admin.queue_bind(name, topology.DUE, routing_key=pattern)
         self._bound.add(name)
 
     async def _bind_dead_letters(self, name: str, old: str | None, new: str | None) -> None:
@@ -233,6 +241,12 @@ class AmqpQueues(Backend):
                 await admin.queue_bind(new, topology.DLX, routing_key=name)
 
     async def declare_queue(self, name: str, config: QueueConfig) -> None:
+        await self._prepare_queue(name, config)
+        await self.store.declare_queue(name, config)  # also registers a new dead-letter queue
+        self._declared(name, config)
+
+    async def _prepare_queue(self, name: str, config: QueueConfig) -> None:
+        """The RabbitMQ side of declaring a queue (the store registers it after)."""
         self._check_open()
         try:
             old: QueueConfig | None = await self.store.queue_config(name)
@@ -254,9 +268,10 @@ class AmqpQueues(Backend):
             except QueueNotFound:
                 await self._declare_rabbit(dlq, QueueConfig.for_dead_letters())
         await self._bind_dead_letters(name, old.dead_letter if old else None, dlq)
-        await self.store.declare_queue(name, config)  # also registers a new dead-letter queue
+
+    def _declared(self, name: str, config: QueueConfig) -> None:
         self._configs[name] = (config, time.monotonic())
-        self._configs.pop(dlq or "", None)
+        self._configs.pop(config.dead_letter or "", None)
         self.wakeups.notify([name])
 
     async def queue_config(self, name: str) -> QueueConfig:
@@ -333,21 +348,26 @@ class AmqpQueues(Backend):
                         ),
                     )
                     for exchange, key, body, headers, priority, mid in items
-                ]
+                ],
+                return_exceptions=True,
             )
-        return [isinstance(c, spec.Basic.Ack) for c in confirms]
+            took = []
+            for c in confirms:
+                if isinstance(c, DeliveryError):
+                    took.append(False)  # a nack: the queue refused (x-overflow reject-publish)
+                elif isinstance(c, BaseException):
+                    raise c
+                else:
+                    took.append(True)
+        return took
 
     async def _route(self, queue: str, delay: float) -> tuple[str, str]:
         if delay > 0:
             await self._ensure_wheel()
+            route = topology.delay_route(delay, queue)
             if queue not in self._bound:
-                admin = await self.link.channel("admin")
-                with driver_errors(f"binding queue {queue!r}", self.url.masked):
-                    await admin.queue_bind(
-                        queue, topology.DUE, routing_key=topology.due_pattern(queue)
-                    )
-                self._bound.add(queue)
-            return topology.delay_route(delay, queue)
+                await self._bind_due(queue)
+            return route
         return "", queue
 
     async def _store_copies(
@@ -358,6 +378,8 @@ class AmqpQueues(Backend):
         for env, mid in zip(envelopes, ids, strict=True):
             exchange, key = await self._route(queue, env.delay)
             headers: dict[str, Any] = dict(env.attributes)
+            if env.group is not None:
+                headers[GROUP] = env.group
             items.append((exchange, key, env.body, headers, env.priority, mid))
         took = await self._publish(items, f"sending to queue {queue!r}")
         stored = sum(took)
@@ -509,13 +531,14 @@ class AmqpQueues(Backend):
             attempt,
             enqueued_at,
             lease.priority,
-            None,
+            _text(headers[GROUP]) if GROUP in headers else None,
             receipt,
             feed.queue,
         )
 
     # -- settling --------------------------------------------------------------------------
     def _current(self, queue: str, receipt: str) -> Lease | None:
+        parse_receipt(receipt)  # InvalidMessage for one fairq never made
         lease = self._leases.get(receipt)
         if lease is None or lease.queue != queue:
             return None
@@ -583,6 +606,7 @@ class AmqpQueues(Backend):
         elif delay > 0:
             await self._copy(lease, lease.queue, lease.attempt, delay)
         elif topology.quorum(config):
+            lease.feed.returns(lease.message_id)
             await self._settle(lease, "nack", requeue=True)  # to the tail, x-delivery-count + 1
         else:
             await self._copy(lease, lease.queue, lease.attempt, 0.0)
@@ -754,8 +778,10 @@ class AmqpQueues(Backend):
         config = await self._config(queue)
         await self._expire_leases()
         await self._flush_counts()
-        ready = await self._ready(queue)
         feed = self._feeds.get(queue)
+        if feed is not None:
+            await feed.settled()
+        ready = await self._ready(queue)
         held = len(feed.held) if feed is not None else 0
         leases = [lease for lease in self._leases.values() if lease.queue == queue]
         counts = await self.store.read_counts(f"queue:{queue}")
@@ -814,45 +840,49 @@ class AmqpQueues(Backend):
         if to is not None:
             await self._config(to)
         ch = await self.link.channel(f"redrive:{queue}")
-        moved = 0
-        kept: list[int] = []
+        moved = kept = 0
         try:
-            while limit is None or moved < limit:
+            with driver_errors(f"redriving {queue!r}", self.url.masked):
+                ok = await ch.queue_declare(queue, passive=True)
+            # one pass over what is there now; what stays goes back as a copy at the tail
+            for _ in range(int(ok.message_count or 0)):
+                if limit is not None and moved >= limit:
+                    break
                 with driver_errors(f"redriving {queue!r}", self.url.masked):
                     got = await ch.basic_get(queue, no_ack=False)
                 if isinstance(got.delivery, spec.Basic.GetEmpty):
                     break
                 props = got.header.properties
                 tag = int(got.delivery.delivery_tag or 0)  # type: ignore[union-attr]
-                headers = dict(props.headers or {})
-                attrs = attributes_of(headers, props.message_id or "", self._level_queues)
+                mid = props.message_id or self._new_id()
+                attrs = attributes_of(dict(props.headers or {}), mid, self._level_queues)
                 target = to or attrs.get("fairq.source")
-                ok = target is not None and target != queue
-                if ok:
+                if target is not None and target != queue:
                     try:
-                        await self._config(target)  # type: ignore[arg-type]
+                        await self._config(target)
                     except QueueNotFound:
-                        ok = False
-                if not ok:
-                    kept.append(tag)
-                    continue
-                assert target is not None
-                fresh = redrive_attributes(attrs)
-                (took,) = await self._publish(
-                    [("", target, got.body, dict(fresh), props.priority or 0, self._new_id())],
-                    f"redriving to {target!r}",
-                )
-                if took:
-                    with driver_errors(f"redriving {queue!r}", self.url.masked):
+                        target = None
+                else:
+                    target = None
+                if target is None:
+                    item = ("", queue, got.body, dict(attrs), props.priority or 0, mid)
+                    kept += 1
+                else:
+                    fresh = redrive_attributes(attrs)
+                    item = ("", target, got.body, dict(fresh), props.priority or 0, self._new_id())
+                (took,) = await self._publish([item], f"redriving {queue!r}")
+                with driver_errors(f"redriving {queue!r}", self.url.masked):
+                    if took:
                         await ch.basic_ack(tag)
+                    else:
+                        await ch.basic_nack(tag, requeue=True)
+                if took and target is not None:
                     self._count(target, "sent")
                     self.wakeups.notify([target])
                     moved += 1
-                else:
-                    kept.append(tag)
         finally:
             self.link.forget(f"redrive:{queue}")
             with contextlib.suppress(Exception):
-                await ch.close()  # the kept ones go back to the dead-letter queue
+                await ch.close()
         self.wakeups.notify([queue])
         return moved

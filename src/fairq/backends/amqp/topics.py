@@ -102,7 +102,7 @@ class AmqpTopics(AmqpQueues):
                 raise ConfigConflict(
                     f"queue {subscription.queue!r} exists and is not a subscription of {topic!r}"
                 )
-        await self.declare_queue(subscription.queue, config)
+        await self._prepare_queue(subscription.queue, config)
         admin = await self.link.channel("admin")
         with driver_errors(f"binding subscription {subscription.name!r}", self.url.masked):
             if old is not None and old.filter is None:
@@ -112,6 +112,7 @@ class AmqpTopics(AmqpQueues):
                 pattern = topology.subscription_pattern(subscription.routing)
                 await admin.queue_bind(subscription.queue, topic, routing_key=pattern)
         await self.store.subscribe(subscription, config)
+        self._declared(subscription.queue, config)
         self._forget_topic(topic)
 
     async def unsubscribe(self, topic: str, name: str) -> bool:

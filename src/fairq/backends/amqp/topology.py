@@ -4,17 +4,18 @@ Everything fairq declares is durable; its own objects carry a ``/`` in their nam
 fairq names never have, so they cannot collide with a user's queue or topic.
 
 * **A queue** ``Q`` is the RabbitMQ queue ``Q``: a quorum queue (replicated, ordered, with
-  ``x-delivery-count``), or a classic queue with ``x-max-priority`` when the fairq queue has
-  priorities (quorum queues of RabbitMQ 3.x have none). Arguments: ``x-message-ttl`` =
-  retention, ``x-max-length`` + ``x-overflow`` (``reject-publish`` for ``reject``,
-  ``drop-head`` for ``drop_oldest``), and the dead-letter exchange ``fairq/dlx`` with the
-  routing key ``Q``: the broker dead-letters what it expires or drops there, and ``fairq/dlx``
-  routes key ``Q`` to ``Q``'s dead-letter queue (a binding, so ``dead_letter`` can change;
-  no binding is ``dead_letter=None``: the broker discards).
+  ``x-delivery-count``), or a classic queue where quorum queues of RabbitMQ 3.x fall short:
+  with priorities (``x-max-priority``; quorum queues have none) or a ``max_length`` (a quorum
+  queue applies ``x-max-length`` after the fact and can go one message over). Arguments:
+  ``x-message-ttl`` = retention, ``x-max-length`` + ``x-overflow`` (``reject-publish`` for
+  ``reject``, ``drop-head`` for ``drop_oldest``), and the dead-letter exchange ``fairq/dlx``
+  with the routing key ``Q``: the broker dead-letters what it expires or drops there, and
+  ``fairq/dlx`` routes key ``Q`` to ``Q``'s dead-letter queue (a binding, so ``dead_letter``
+  can change; no binding is ``dead_letter=None``: the broker discards).
 * **A topic** ``T`` is the topic exchange ``T``; a subscription ``S`` is the queue ``T.S``
   bound to it with its routing pattern (``#`` for none), so any AMQP publisher's messages
   reach it. A subscription with an attribute filter is not bound: fairq's publisher
-  evaluates the filter and sends it the messages that match (see ``publish_route``).
+  evaluates the filter and sends it the messages that match (``topics.py``).
 * **A delay** is a walk down a wheel of ``LEVELS`` TTL queues: level ``i`` holds a message
   for ``2**i`` units of ``UNIT`` seconds (a queue-wide TTL, so its queue is FIFO by expiry
   and never blocks a short delay behind a long one). The routing key spells the delay in
@@ -54,12 +55,12 @@ LEVELS = 29  # 2**29 units of 10 ms: delays up to 62 days
 UNIT = 0.01  # seconds per unit of the delay wheel
 MAX_TTL_MS = 2**32 - 1  # the largest x-message-ttl RabbitMQ takes
 MAX_DELAY = (2**LEVELS - 1) * UNIT
-_ROUTING_KEY_MAX = 255
+ROUTING_KEY_MAX = 255
 
 
 def quorum(config: QueueConfig) -> bool:
-    """A fairq queue is a quorum queue unless it has priorities (classic with x-max-priority)."""
-    return config.max_priority == 0
+    """A fairq queue is a quorum queue unless it has priorities or a max_length (classic)."""
+    return config.max_priority == 0 and config.max_length is None
 
 
 def queue_arguments(name: str, config: QueueConfig) -> dict[str, Any]:
@@ -134,10 +135,10 @@ def delay_route(delay: float, target: str) -> tuple[str, str]:
         raise Unsupported(f"delays above {MAX_DELAY:g} s are not available on RabbitMQ")
     bits = format(units, f"0{LEVELS}b")
     key = ".".join(bits) + "." + target
-    if len(key) > _ROUTING_KEY_MAX:
+    if len(key) > ROUTING_KEY_MAX:
         raise Unsupported(
             f"a delay to queue {target!r} does not fit a routing key: delays need queue "
-            f"names of at most {_ROUTING_KEY_MAX - 2 * LEVELS} characters"
+            f"names of at most {ROUTING_KEY_MAX - 2 * LEVELS} characters"
         )
     return level_exchange(LEVELS - 1), key
 
