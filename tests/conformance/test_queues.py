@@ -775,3 +775,73 @@ async def test_async_context_manager(url: str) -> None:
         await q.send(b"x")
     with pytest.raises(fairq.FairqError):
         await q.send(b"y")
+
+
+# -- the same rules on the real clock (engines whose own clock ends delays and retention) ----
+async def test_delays_end_in_order_on_the_real_clock(live_broker: fairq.Broker) -> None:
+    q = await live_broker.declare_queue("real-delays")
+    await q.send(b"late", delay=0.6)
+    await q.send(b"early", delay=0.3)
+    await q.send(b"now")
+    assert await bodies(await q.receive(max_messages=10)) == [b"now"]
+    got: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += await bodies(await q.receive(max_messages=10, wait=1))
+    assert got == [b"early", b"late"]
+
+
+async def test_nack_delay_on_the_real_clock(live_broker: fairq.Broker) -> None:
+    q = await live_broker.declare_queue("real-nack")
+    await q.send(b"x")
+    (m,) = await q.receive()
+    started = time.monotonic()
+    await m.nack(delay=0.4)
+    assert await q.receive(wait=0.2) == []
+    (again,) = await q.receive(wait=5)
+    assert time.monotonic() - started >= 0.35
+    assert (again.id, again.attempt) == (m.id, 2)
+
+
+async def test_retention_on_the_real_clock(live_broker: fairq.Broker) -> None:
+    q = await live_broker.declare_queue("real-retention", retention=0.3)
+    await q.send(b"old", attributes={"k": "v"})
+    await asyncio.sleep(0.6)
+    await q.send(b"fresh")
+    assert await bodies(await q.receive(max_messages=10)) == [b"fresh"]
+    (dead,) = await live_broker.queue("real-retention.dlq").receive(wait=2)
+    assert dead.body == b"old"
+    assert dead.attributes["k"] == "v"
+    assert dead.attributes["fairq.reason"] == "expired"
+    assert dead.attributes["fairq.source"] == "real-retention"
+
+
+async def test_rule8_reject_counts_visible_messages(broker: fairq.Broker) -> None:
+    """What every engine agrees on: a full bounded queue of visible messages refuses."""
+    q = await broker.declare_queue("bounded-v", max_length=2)
+    await q.send_batch([Outgoing(b"1"), Outgoing(b"2")])
+    with pytest.raises(fairq.QueueFull):
+        await q.send(b"3")
+    assert await bodies(await q.receive(max_messages=10)) == [b"1", b"2"]
+
+
+async def test_rule8_drop_oldest_of_visible_messages(live_broker: fairq.Broker) -> None:
+    q = await live_broker.declare_queue("ring-v", max_length=2, overflow="drop_oldest")
+    await q.send_batch([Outgoing(b"1"), Outgoing(b"2")])
+    await q.send(b"3")
+    assert await bodies(await q.receive(max_messages=10)) == [b"2", b"3"]
+    (dead,) = await live_broker.queue("ring-v.dlq").receive(wait=2)
+    assert (dead.body, dead.attributes["fairq.reason"]) == (b"1", "overflow")
+    assert dead.attributes["fairq.source"] == "ring-v"
+
+
+async def test_purge_removes_visible_and_leased(broker: fairq.Broker) -> None:
+    q = await broker.declare_queue("purge2")
+    await q.send_batch([Outgoing(str(i)) for i in range(3)])
+    (m,) = await q.receive()
+    assert await q.purge() == 3
+    assert await q.receive(max_messages=10) == []
+    s = await q.stats()
+    assert (s.visible, s.in_flight) == (0, 0)
+    with pytest.raises(fairq.LeaseLost):
+        await m.ack()
