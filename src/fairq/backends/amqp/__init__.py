@@ -56,6 +56,10 @@ class AmqpBackend(AmqpTopics):
         "leases.process": "a lease belongs to the process that received it: it ends when that "
         "process's connection closes (the message returns at once), and only that process "
         "can settle it",
+        "attempts.prefetch": "a consumer process that dies counts an attempt for every message "
+        "it had prefetched (x-delivery-count), leased or not",
+        "batches.atomic": "send_batch waits for every confirm, but a producer killed (or a "
+        "connection dropped) mid-batch leaves the batch's first messages stored",
         "peek": "peek raises Unsupported: reading without taking moves a message on RabbitMQ",
         "purge.others": "purge removes ready messages and this process's leases; other "
         "processes' leases and delayed messages stay",
