@@ -49,7 +49,8 @@ BATCH = 100
 PREFETCH = 200  # fairq's default prefetch, given to the raw loop too
 SLOTS = 16
 RAW, FAIRQ, DRAMATIQ, CELERY, TASKIQ = "raw aio-pika", "fairq", "dramatiq", "celery", "taskiq"
-SYSTEMS = (RAW, FAIRQ, DRAMATIQ, CELERY, TASKIQ)
+AIORMQ = "raw aiormq"  # aio-pika's own driver, which fairq drives directly: the lower bound
+SYSTEMS = (RAW, AIORMQ, FAIRQ, DRAMATIQ, CELERY, TASKIQ)
 SEND, RECV, E2E, WORKER = "send", "receive+ack", "end to end", "worker, no-op handlers"
 
 
@@ -128,6 +129,49 @@ async def raw_phases(url: str, bodies: list[bytes]) -> tuple[Measured, Measured]
                 if got == len(bodies):
                     break
         received = Measured(got, time.perf_counter() - t0)
+        return sent, received
+    finally:
+        await conn.close()
+
+
+async def aiormq_phases(url: str, bodies: list[bytes]) -> tuple[Measured, Measured]:
+    import aiormq
+    from pamqp.commands import Basic
+
+    conn = await aiormq.connect(url)
+    try:
+        ch = await conn.channel(publisher_confirms=True)
+        await ch.queue_declare(QUEUE, durable=True, arguments={"x-queue-type": "quorum"})
+        gc.collect()
+        t0 = time.perf_counter()
+        for i in range(0, len(bodies), BATCH):
+            await asyncio.gather(
+                *[
+                    ch.basic_publish(
+                        b,
+                        routing_key=QUEUE,
+                        properties=Basic.Properties(delivery_mode=2, message_id=str(i + j)),
+                    )
+                    for j, b in enumerate(bodies[i : i + BATCH])
+                ]
+            )
+        sent = Measured(len(bodies), time.perf_counter() - t0)
+        rch = await conn.channel(publisher_confirms=False)
+        await rch.basic_qos(prefetch_count=PREFETCH)
+        done = asyncio.Event()
+        got = [0]
+
+        async def on_message(m: Any) -> None:
+            await rch.basic_ack(m.delivery.delivery_tag, wait=False)
+            got[0] += 1
+            if got[0] == len(bodies):
+                done.set()
+
+        gc.collect()
+        t0 = time.perf_counter()
+        await rch.basic_consume(QUEUE, on_message, no_ack=False)
+        await done.wait()
+        received = Measured(got[0], time.perf_counter() - t0)
         return sent, received
     finally:
         await conn.close()
@@ -265,6 +309,7 @@ async def taskiq_worker(url: str, bodies: list[bytes]) -> Measured:
     from taskiq_aio_pika import AioPikaBroker
 
     broker = AioPikaBroker(url=url, qos=2 * SLOTS)
+    broker.is_worker_process = True  # else it opens no consuming connection
     n = len(bodies)
     count = [0]
     done = asyncio.Event()
@@ -321,11 +366,13 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
     try:
         for r in range(1, cfg.runs + 1):
             for system in cfg.systems:
-                if system in (RAW, FAIRQ):
+                if system in (RAW, AIORMQ, FAIRQ):
                     v = vhosts.new(system)
                     url = vhosts.url(v)
                     if system == RAW:
                         sent, got = asyncio.run(raw_phases(url, bodies))
+                    elif system == AIORMQ:
+                        sent, got = asyncio.run(aiormq_phases(url, bodies))
                     else:
                         sent, got = asyncio.run(
                             fairq_phases(fairq_url(url, f"{tmp}/{v}.db"), bodies)
@@ -338,7 +385,7 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
                         f"run {r}/{cfg.runs} {system:<12} send {sent.rate:>8,.0f}/s "
                         f"receive+ack {got.rate:>8,.0f}/s"
                     )
-                if system == RAW:
+                if system in (RAW, AIORMQ):
                     continue
                 v = vhosts.new(system)
                 url = vhosts.url(v)
@@ -373,6 +420,7 @@ def run(cfg: argparse.Namespace) -> dict[str, Any]:
 
     targets = [
         ("end to end: fairq / raw aio-pika >= 0.5", ratio(med(FAIRQ, E2E), med(RAW, E2E)), 0.5),
+        ("end to end: fairq / raw aiormq (no goal)", ratio(med(FAIRQ, E2E), med(AIORMQ, E2E)), 0.0),
         ("worker: fairq / dramatiq >= 1.5", ratio(med(FAIRQ, WORKER), med(DRAMATIQ, WORKER)), 1.5),
         ("worker: fairq / celery >= 1.0", ratio(med(FAIRQ, WORKER), med(CELERY, WORKER)), 1.0),
         ("worker: fairq / taskiq >= 1.0", ratio(med(FAIRQ, WORKER), med(TASKIQ, WORKER)), 1.0),

@@ -13,10 +13,6 @@ table is the only source of such skips.
 from __future__ import annotations
 
 import os
-import shutil
-import socket
-import subprocess
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -25,20 +21,9 @@ import pytest
 
 import fairq
 from fairq.backends.open import backend_class
+from services import rabbit_vhost, require
 
 BACKENDS = ["memory", "sqlite", "amqp"]
-SERVICES: dict[str, tuple[str, int]] = {  # backend -> (host, port) it needs
-    "amqp": ("127.0.0.1", 5672),
-}
-RABBIT_MANAGEMENT = ("127.0.0.1", 15672)
-
-
-def service_up(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 def _url(backend: str, tmp_path: Path, namespace: str) -> str:
@@ -53,37 +38,14 @@ def _url(backend: str, tmp_path: Path, namespace: str) -> str:
     raise AssertionError(f"no URL for backend {backend}")
 
 
-def rabbit_management() -> object:
-    """The management API of the shared RabbitMQ, its plugin enabled if it was not (the
-    one change the tests make to that broker; enabling is idempotent)."""
-    from fairq.backends.amqp.management import Management
-
-    if not service_up(*RABBIT_MANAGEMENT):
-        tool = shutil.which("rabbitmq-plugins")
-        if tool is None:
-            pytest.fail("the RabbitMQ management API is down and rabbitmq-plugins is missing")
-        subprocess.run([tool, "enable", "rabbitmq_management"], check=True, capture_output=True)
-        deadline = time.monotonic() + 60
-        while not service_up(*RABBIT_MANAGEMENT):
-            if time.monotonic() > deadline:
-                pytest.fail("the RabbitMQ management API did not come up")
-            time.sleep(0.5)
-    return Management(f"http://{RABBIT_MANAGEMENT[0]}:{RABBIT_MANAGEMENT[1]}", "guest", "guest")
-
-
 @pytest.fixture
 def namespace(backend_name: str) -> Iterator[str]:
     """This test's own namespace on a shared engine (a RabbitMQ vhost), removed afterwards."""
-    name = f"fairq-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     if backend_name != "amqp":
-        yield name
+        yield f"fairq-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         return
-    api = rabbit_management()
-    api.add_vhost(name, "guest")  # type: ignore[attr-defined]
-    try:
-        yield name
-    finally:
-        api.delete_vhost(name)  # type: ignore[attr-defined]
+    with rabbit_vhost() as vhost:
+        yield vhost
 
 
 def missing_capabilities(backend: str, node: pytest.Item) -> list[tuple[str, str]]:
@@ -93,21 +55,13 @@ def missing_capabilities(backend: str, node: pytest.Item) -> list[tuple[str, str
     return [(c, missing[c]) for c in needed if c in missing]
 
 
-def _require(backend: str) -> None:
-    need = SERVICES.get(backend)
-    if need and not service_up(*need):
-        if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"{backend} at {need[0]}:{need[1]} is down and FAIRQ_REQUIRE_SERVICES=1")
-        pytest.skip(f"{backend} at {need[0]}:{need[1]} is not reachable")
-
-
 @pytest.fixture(params=BACKENDS)
 def backend_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
     lacking = missing_capabilities(name, request.node)
     if lacking:
         pytest.skip("; ".join(f"{name} lacks capability {c!r}: {why}" for c, why in lacking))
-    _require(name)
+    require(name)
     return name
 
 

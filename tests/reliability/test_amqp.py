@@ -23,43 +23,32 @@ from rabbitnode import RabbitNode, available
 from test_crash import read_line, spawn
 
 import fairq
+from services import rabbit_management, rabbit_vhost
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture
 def amqp_url(tmp_path: Path) -> Iterator[str]:
-    """A vhost of this test's own on the shared broker (the conftest's rules)."""
-    from conftest import _require, rabbit_management
-
-    _require("amqp")
-    api = rabbit_management()
-    vhost = f"fairq-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    api.add_vhost(vhost, "guest")  # type: ignore[attr-defined]
-    try:
+    """A vhost of this test's own on the shared broker."""
+    with rabbit_vhost() as vhost:
         yield (
             f"amqp://guest:guest@127.0.0.1:5672/{vhost}?store=sqlite:///{tmp_path / 's.db'}"
             f"&name=fairq-test-{uuid.uuid4().hex[:8]}"
         )
-    finally:
-        api.delete_vhost(vhost)  # type: ignore[attr-defined]
 
 
 def _connection_names(url: str) -> list[str]:
-    from conftest import rabbit_management
-
     mine = url.rsplit("name=", 1)[1]
     api = rabbit_management()
     return [
         c["name"]
-        for c in api.connections()  # type: ignore[attr-defined]
+        for c in api.connections()
         if c.get("client_properties", {}).get("connection_name") == mine
     ]
 
 
 async def _close_my_connection(url: str) -> None:
-    from conftest import rabbit_management
-
     api = rabbit_management()
     deadline = time.monotonic() + 10
     names: list[str] = []
@@ -69,7 +58,7 @@ async def _close_my_connection(url: str) -> None:
             await asyncio.sleep(0.2)
     assert names, "the broker's connection never showed in the management API"
     for name in names:
-        await asyncio.to_thread(api.close_connection, name)  # type: ignore[attr-defined]
+        await asyncio.to_thread(api.close_connection, name)
 
 
 async def test_a_dropped_connection_reconnects_and_goes_on(amqp_url: str) -> None:

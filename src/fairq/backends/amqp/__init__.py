@@ -56,6 +56,11 @@ class AmqpBackend(AmqpTopics):
         "leases.process": "a lease belongs to the process that received it: it ends when that "
         "process's connection closes (the message returns at once), and only that process "
         "can settle it",
+        "order.ties": "a message that becomes visible again (nack, lease end) at the same "
+        "instant as a later send goes behind it: RabbitMQ queues by arrival (only a frozen "
+        "fairq.ManualClock makes such ties)",
+        "priority.prefetch": "priorities order what is still in RabbitMQ: what a consumer "
+        "has already prefetched is handed out before higher priorities sent after it",
         "attempts.prefetch": "a consumer process that dies counts an attempt for every message "
         "it had prefetched (x-delivery-count), leased or not",
         "batches.atomic": "send_batch waits for every confirm, but a producer killed (or a "

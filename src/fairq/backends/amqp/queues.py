@@ -41,7 +41,15 @@ from ...errors import (
     QueueNotFound,
     Unsupported,
 )
-from ...message import Received, format_id, id_time, next_id_base, parse_id, parse_receipt
+from ...message import (
+    Received,
+    format_id,
+    id_time,
+    make_receipt,
+    next_id_base,
+    parse_id,
+    parse_receipt,
+)
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..base import Backend
 from ..rules import check_priorities, dead_letter_attributes, plan_dedup, redrive_attributes
@@ -63,6 +71,7 @@ _DEATH_REASONS = {
     "rejected": "rejected",
     "delivery_limit": "max_attempts",
 }
+_ID_MASK = 2**63 - 1  # a receipt's first part: the message id, as 16 hex digits
 _CONFIG_TTL = 2.0  # seconds a queue's options are cached (other processes' changes show then)
 _FLUSH_EVERY = 0.5  # seconds between writes of the counters to the store
 
@@ -119,7 +128,7 @@ class AmqpQueues(Backend):
         self._wheel_lock = asyncio.Lock()
         self._level_queues = frozenset(topology.level_queue(i) for i in range(topology.LEVELS))
         self._last_id = 0
-        self._tag = os.urandom(4).hex()
+        self._tag = int.from_bytes(os.urandom(4), "big") | 1
         self._seq = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._kick = asyncio.Event()
@@ -396,6 +405,7 @@ class AmqpQueues(Backend):
 
     async def send(self, queue: str, envelopes: list[Envelope]) -> list[str]:
         config = await self._config(queue)
+        await self._expire_leases()  # a lease that ran out comes back before what is sent now
         check_priorities(queue, envelopes, config.max_priority)
         ids = [self._new_id() for _ in envelopes]
         fresh, claimed, answer = await self._dedup(
@@ -517,7 +527,11 @@ class AmqpQueues(Backend):
             # its consumers died holding it: it had its attempts, it is not delivered again
             await self._dead_letter(lease, config, "max_attempts", attempts=attempt - 1)
             return None
-        receipt = f"{self._tag}.{next(self._seq):x}"
+        try:
+            number = parse_id(mid) & _ID_MASK
+        except ValueError:  # a message from another publisher: any number will do
+            number = self._tag
+        receipt = make_receipt(number, (self._tag << 32) | next(self._seq))
         self._leases[receipt] = lease
         feed.leases += 1
         heapq.heappush(self._deadlines, (lease.deadline, receipt))
@@ -699,8 +713,10 @@ class AmqpQueues(Backend):
     # -- lease ends ------------------------------------------------------------------------
     async def _expire_leases(self) -> None:
         """Give back every lease of this process whose visibility timeout has run out."""
-        now = self.clock.now()
         heap = self._deadlines
+        if not heap:
+            return
+        now = self.clock.now()
         while heap and heap[0][0] <= now:
             deadline, receipt = heapq.heappop(heap)
             lease = self._leases.get(receipt)
