@@ -1,6 +1,7 @@
 """Shared fixtures: one broker per backend, so every conformance test runs on each.
 
-A new backend plugs in by adding its name to BACKENDS and a branch to ``_url``. A
+A new backend plugs in by adding its name to BACKENDS and a branch to ``backend_url``
+(both in services.py). A
 backend that needs a service skips when the service is down, unless
 FAIRQ_REQUIRE_SERVICES=1 (CI), where it fails.
 
@@ -21,21 +22,7 @@ import pytest
 
 import fairq
 from fairq.backends.open import backend_class
-from services import rabbit_vhost, require
-
-BACKENDS = ["memory", "sqlite", "amqp"]
-
-
-def _url(backend: str, tmp_path: Path, namespace: str) -> str:
-    if backend == "memory":
-        return "memory://"
-    if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'fairq.db'}"
-    if backend == "amqp":
-        return (
-            f"amqp://guest:guest@127.0.0.1:5672/{namespace}?store=sqlite:///{tmp_path / 'store.db'}"
-        )
-    raise AssertionError(f"no URL for backend {backend}")
+from services import BACKENDS, backend_url, rabbit_vhost, require
 
 
 @pytest.fixture
@@ -67,7 +54,7 @@ def backend_name(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture
 def url(backend_name: str, tmp_path: Path, namespace: str) -> str:
-    return _url(backend_name, tmp_path, namespace)
+    return backend_url(backend_name, tmp_path, namespace)
 
 
 @pytest.fixture

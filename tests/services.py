@@ -16,10 +16,12 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+BACKENDS = ["memory", "sqlite", "amqp"]
 SERVICES: dict[str, tuple[str, int]] = {  # backend -> (host, port) it needs
     "amqp": ("127.0.0.1", 5672),
 }
@@ -71,3 +73,15 @@ def rabbit_vhost() -> Iterator[str]:
         yield name
     finally:
         api.delete_vhost(name)
+
+
+def backend_url(backend: str, tmp_path: Path, namespace: str) -> str:
+    if backend == "memory":
+        return "memory://"
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'fairq.db'}"
+    if backend == "amqp":
+        return (
+            f"amqp://guest:guest@127.0.0.1:5672/{namespace}?store=sqlite:///{tmp_path / 'store.db'}"
+        )
+    raise AssertionError(f"no URL for backend {backend}")

@@ -16,9 +16,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import fairq
-from conftest import BACKENDS, _url
 from fairq.backends.open import backend_class
-from services import rabbit_vhost, require
+from services import BACKENDS, backend_url, rabbit_vhost, require
 
 MAX_ATTEMPTS = 3
 LEASE = 10.0
@@ -92,7 +91,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.dir = tempfile.mkdtemp(prefix="fairq-model-")
         self._vhost = rabbit_vhost() if self.backend == "amqp" else None
         namespace = self._vhost.__enter__() if self._vhost is not None else ""
-        url = _url(self.backend, Path(self.dir), namespace)
+        url = backend_url(self.backend, Path(self.dir), namespace)
         self.clock = fairq.ManualClock()
         self.broker = fairq.connect_sync(url, clock=self.clock)
         self.q = self.broker.declare_queue(
