@@ -4,8 +4,8 @@
 
 Left: msgs/s of every system in the send and receive+ack phases at batch 1 and 100 (log
 scale, one group per phase and batch). Right: fairq on its own — 16 concurrent single
-sends next to its batch-100 send, producer+consumers for each system, and receive+ack on
-a shallow and a deep queue.
+sends next to its batch-100 send, producer+consumers for each system, the Worker draining
+a backlog beside receive(100)+ack_batch, and receive+ack on a shallow and a deep queue.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ DEFAULT_JSON = ROOT / "bench" / "results" / "queues.json"
 DEFAULT_OUT = ROOT / "docs" / "bench-queues.png"
 COLORS = {
     "raw sqlite3": "#9e9e9e",
+    "minimal raw loop": "#5f5f5f",
     "fairq": "#1f77b4",
     "persist-queue": "#ff7f0e",
     "persist-queue default": "#ffbb78",
@@ -78,6 +79,12 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
     for system in ("fairq", "persist-queue", "huey"):
         pc = _rate(rows, system, "producer+consumers", 10)
         add(f"{system}\nproducer+\nconsumers", pc, system)
+    add("fairq Worker\ndrain", _rate(rows, "fairq", "Worker drain", 100), "fairq")
+    add(
+        "fairq receive(100)\n+ack_batch",
+        _rate(rows, "fairq", "receive(100)+ack_batch drain", 100),
+        "fairq",
+    )
     scale = doc.get("scale") or {}
     for key in ("shallow", "deep"):
         phase = f"receive+ack, {key} queue"
@@ -88,7 +95,7 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
     right.bar_label(bars, labels=[_short(v) for v in values], fontsize=8, padding=2)
     right.set_xticks(range(len(labels)), labels, fontsize=8)
     right.set_ylabel("messages per second (median)")
-    right.set_title("concurrency, producer+consumers, queue depth")
+    right.set_title("concurrency, producer+consumers, Worker, queue depth")
     right.grid(axis="y", alpha=0.3)
 
     m = doc["machine"]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import re
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -33,6 +34,7 @@ __all__ = [
     "format_id",
     "id_time",
     "make_receipt",
+    "new_lease",
     "next_id_base",
     "parse_id",
     "parse_receipt",
@@ -138,6 +140,14 @@ def next_id_base(last: int, now: float) -> int:
 def id_time(n: int) -> float:
     """The send time (seconds since the epoch, millisecond precision) encoded in an id."""
     return (n >> _ID_SHIFT) / 1000.0
+
+
+def new_lease() -> int:
+    """A fresh lease token: 62 bits from the operating system's CSPRNG, never 0. A
+    receipt is what lets its holder ack, nack or extend a delivery, so the next one must
+    not be predictable from earlier ones (a seeded Mersenne Twister is, after 624 outputs).
+    """
+    return secrets.randbits(62) | 1
 
 
 def make_receipt(n: int, lease: int) -> str:

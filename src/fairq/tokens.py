@@ -20,7 +20,8 @@ A token's claims are ``room``, ``ticket``, ``fan``, ``iat`` (admission time), ``
 <fairq.waitingroom.WaitingRoom.consume>` burns it). Signing is deterministic (Ed25519), so
 a fan who asks again gets the very same token.
 
-Needs the ``room`` extra (``pip install 'fairq[room]'``: PyJWT with cryptography).
+Needs the ``room`` extra (``pip install 'fairq[room]'``: PyJWT with cryptography), which
+``fairq[server]`` includes.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import secrets
 from typing import Any
 
 from .errors import InvalidTicket, InvalidToken
+from .extras import MissingExtra
 
 try:
     import jwt
@@ -40,9 +42,7 @@ try:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
-    raise ImportError(
-        "waiting rooms need PyJWT and cryptography: pip install 'fairq[room]'"
-    ) from exc
+    raise MissingExtra("waiting rooms need PyJWT and cryptography", "room", exc) from exc
 
 __all__ = ["ALGORITHM", "CLAIMS", "SECRET_BYTES", "RoomKeys", "b64url", "new_root_secret"]
 
@@ -138,8 +138,8 @@ class RoomKeys:
             seq = 0
         if (
             seq < 1
+            or seq_part != f"{seq:x}"  # one spelling per ticket: no 0x1, +1, 0001, 1_0
             or not fan
-            or len(seq_part) > 16
             or not hmac.compare_digest(mac, self._mac(seq, fan))
         ):
             raise InvalidTicket(f"not a ticket of waiting room {self.room!r}")

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -41,6 +42,8 @@ async def serving(
     """The app on ``broker`` (default: a new memory broker) with its lifespan running."""
     own = broker is None
     b = broker or await fairq.connect("memory://")
+    # the tests' virtual host: an open server answers only to the names it knows
+    options.setdefault("allowed_hosts", [urlsplit(base_url).netloc])
     app = create_app(b, **options)
     try:
         async with (
@@ -54,12 +57,14 @@ async def serving(
 
 
 @contextlib.asynccontextmanager
-async def uvicorn_serving(app: Any) -> AsyncIterator[str]:
-    """Serve ``app`` with uvicorn on a free loopback port in this event loop; its URL."""
+async def uvicorn_serving(app: Any, **config_options: Any) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn on a free loopback port in this event loop; its URL.
+    ``config_options`` go to ``uvicorn.Config`` (``root_path``, ``lifespan`` ...)."""
     import uvicorn
 
     port = free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
+    options: dict[str, Any] = {"log_level": "warning", "lifespan": "on", **config_options}
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, **options)
     server = uvicorn.Server(config)
     server.config.timeout_graceful_shutdown = 1
     task = asyncio.create_task(server.serve())

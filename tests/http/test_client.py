@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
@@ -117,3 +118,105 @@ def test_importing_fairq_http_stays_light() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+async def test_waiting_rooms_through_the_client(client: Client) -> None:
+    room = await client.waiting_room("ev-88", admit_rate=0, token_ttl=120)
+    assert room.name == "ev-88" and await client.list_rooms() == ["ev-88"]
+    with pytest.raises(fairq.RoomNotFound):
+        await client.room("nope")
+    assert (await client.room("ev-88")).name == "ev-88"
+    first = await room.join("fan-1")
+    assert isinstance(first, fairq.Ticket) and (first.state, first.position) == ("waiting", 0)
+    assert (await room.join("fan-1")).ticket == first.ticket
+    second = await room.join("fan-2")
+    assert await room.admit(1) == 1
+    st = await room.status(first.ticket or "")
+    assert isinstance(st, fairq.Status) and st.state == "admitted" and st.token
+    assert (await room.status(second.ticket or "")).position == 0
+    with pytest.raises(fairq.InvalidTicket):
+        await room.status("1.AAAAAAAAAAAAAAAA.fan-1")
+    assert (await room.verify(st.token))["fan"] == "fan-1"
+    assert (await room.consume(st.token))["jti"]
+    with pytest.raises(fairq.InvalidToken):
+        await room.consume(st.token)
+    (jwk,) = (await room.jwks())["keys"]
+    assert jwk["kty"] == "OKP" and jwk["crv"] == "Ed25519"
+    await room.set_rate(42)
+    stats = await room.stats()
+    assert isinstance(stats, fairq.RoomStats) and stats.admit_rate == 42.0
+    assert (stats.joined, stats.admitted, stats.used, stats.token_ttl) == (2, 1, 1, 120.0)
+    assert await room.sold_out() == 1 and await room.phase() == "sold_out"
+    assert (await room.join("late")).state == "sold_out"
+    await room.close()
+    assert await room.phase() == "closed"
+    assert await client.delete_room("ev-88") is True
+    assert await client.delete_room("ev-88") is False
+
+
+async def test_idempotency_and_versions_through_the_client(client: Client) -> None:
+    store = client.idempotency("pdf-worker", ttl=3600)
+    claim = await store.claim("o-1", lease=30)
+    assert claim is not None and claim.token and not claim.settled
+    assert await store.claim("o-1") is None
+    held = await store.try_claim("o-1")
+    assert isinstance(held, fairq.IdempotencyRecord) and held.running
+    await claim.extend(60)
+    await claim.complete({"pdf": "o-1.pdf"})
+    assert claim.settled
+    with pytest.raises(fairq.ClaimLost):
+        await claim.complete()
+    record = await store.get("o-1")
+    assert record is not None and record.completed and record.result == {"pdf": "o-1.pdf"}
+    assert record.expires_at > client.clock.now() + 3500  # the store's ttl
+    async with store.once("o-1") as first:
+        assert first is False
+    assert await store.forget("o-1") is True and await store.forget("o-1") is False
+    async with store.once("o-1") as first:
+        assert first is True
+    assert (await store.get("o-1")).completed  # type: ignore[union-attr]
+
+    raw = await store.claim("bytes")
+    assert raw is not None
+    await raw.complete(b"\x00\xff")
+    assert (await store.get("bytes")).result == b"\x00\xff"  # type: ignore[union-attr]
+
+    # a claim whose key was taken by another claimer is lost
+    stale = await store.claim("o-2")
+    assert stale is not None and await store.forget("o-2")
+    other = await store.claim("o-2")
+    assert other is not None
+    with pytest.raises(fairq.ClaimLost):
+        await stale.complete()
+    assert await other.release() is True and await other.release() is False
+    assert await store.get("missing") is None
+    with pytest.raises(fairq.InvalidName):
+        await store.claim("bad key")
+
+    gate = client.versions("user-birthdate")
+    assert await gate.current("u-1") is None
+    assert await gate.advance("u-1", 5) is True
+    assert await gate.advance("u-1", 4) is False
+    assert await gate.current("u-1") == 5
+    when = datetime(2026, 3, 1, 10, tzinfo=UTC)
+    assert await gate.advance("u-2", when) is True
+    assert await gate.advance("u-2", when - timedelta(seconds=1)) is False
+    assert await gate.current("u-2") == when.timestamp()
+    with pytest.raises(fairq.InvalidOption):
+        await gate.advance("u-2", datetime(2026, 3, 1, 10))  # naive: no time zone
+
+
+async def test_sends_and_publishes_with_an_idempotency_key(client: Client, server: Server) -> None:
+    q = await client.declare_queue("jobs")
+    one = await q.send("pdf", idempotency_key="send-1")
+    assert await q.send("pdf", idempotency_key="send-1") == one
+    assert await q.send("pdf") != one
+    with pytest.raises(RemoteError) as info:
+        await q.send("another", idempotency_key="send-1")
+    assert (info.value.status, info.value.code) == (422, "idempotency_key_reused")
+    assert (await server.broker.queue("jobs").stats()).sent == 2
+    t = await client.declare_topic("orders")
+    await t.subscribe("all")
+    r = await t.publish({"order": 1}, idempotency_key="pub-1")
+    assert await t.publish({"order": 1}, idempotency_key="pub-1") == r
+    assert (await server.broker.queue("orders.all").stats()).visible == 1

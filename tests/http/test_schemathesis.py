@@ -27,7 +27,10 @@ from fairq.http.auth import KeyRing  # noqa: E402
 # the default backend of `fairq serve`: SQLite, in a file of its own
 DB = Path(tempfile.mkdtemp(prefix="fairq-schemathesis-")) / "fairq.db"
 app = create_app(
-    url=f"sqlite:///{DB}", limits=Limits(max_batch=10, max_wait=0.2), sample_interval=0.5
+    url=f"sqlite:///{DB}",
+    limits=Limits(max_batch=10, max_wait=0.2),
+    sample_interval=0.5,
+    allowed_hosts=["testserver"],  # schemathesis's ASGI host name
 )
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 

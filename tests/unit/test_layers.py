@@ -44,7 +44,12 @@ def module_name(path: Path) -> str:
 
 
 def imports(path: Path) -> set[str]:
-    """Every module ``path`` imports, relative imports resolved."""
+    """Every fairq module ``path`` imports, relative imports resolved."""
+    return {m for m in all_imports(path) if m == "fairq" or m.startswith("fairq.")}
+
+
+def all_imports(path: Path) -> set[str]:
+    """Every module ``path`` imports (third-party ones too), relative imports resolved."""
     name = module_name(path)
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
@@ -60,7 +65,7 @@ def imports(path: Path) -> set[str]:
                 target = node.module or ""
             found.add(target)
             found.update(f"{target}.{a.name}" for a in node.names)  # `from . import x`
-    return {m for m in found if m == "fairq" or m.startswith("fairq.")}
+    return found
 
 
 def modules_under(*packages: str) -> list[Path]:

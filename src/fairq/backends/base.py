@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import ClassVar
 
 from ..clock import Clock, ManualClock
@@ -99,11 +99,19 @@ class Wakeups:
         finally:
             self._waiters -= 1
 
+    def poke(self) -> None:
+        """Make the pulse look now (the backend saw a sign of a change, e.g. an OS file
+        notification)."""
+        if self._kick is not None:
+            self._kick.set()
+
     async def _run_pulse(self) -> None:
         backend = self._backend
         clock = backend.clock
-        interval = backend.poll_interval
         self._kick = asyncio.Event()
+        # with OS change notifications the pulse is poked when something changes, and
+        # polls only as a safety net; without them it polls every poll_interval
+        watching = backend.watch(self.poke)
         try:
             while self._waiters > 0:
                 try:
@@ -111,7 +119,7 @@ class Wakeups:
                 except Exception:  # the pulse must survive a transient backend error
                     log.warning("wake-up pulse could not read the next due time", exc_info=True)
                     due = None
-                sleep = interval
+                sleep = backend.watch_interval if watching else backend.poll_interval
                 if due is not None:
                     sleep = min(sleep, max(0.0, due - clock.now()))
                 self._kick.clear()
@@ -120,8 +128,11 @@ class Wakeups:
                         await self._kick.wait()
                 if (due is not None and clock.now() >= due) or await backend.changed_elsewhere():
                     self.notify_all()
+                watching = watching and backend.watching()
         finally:
             self._kick = None
+            if watching:
+                backend.unwatch()
 
     def close(self) -> None:
         if self._pulse is not None:
@@ -142,6 +153,8 @@ class Backend(ABC):
 
     #: seconds between checks for changes made by other processes while someone waits
     poll_interval: float = 0.5
+    #: the same while OS change notifications (:meth:`watch`) are on: only a safety net
+    watch_interval: float = 1.0
 
     #: THE capability table of this backend: every rule of SPEC.md it cannot honour exactly,
     #: as capability name -> what it does instead. What is listed here raises
@@ -498,6 +511,19 @@ class Backend(ABC):
     async def next_due(self) -> float | None:
         """When the next delayed message or lease comes due (None: nothing scheduled)."""
         return None
+
+    def watch(self, poke: Callable[[], None]) -> bool:
+        """Start OS change notifications for the pulse, calling ``poke()`` whenever another
+        process may have changed something; False (the default) if there are none here, and
+        the pulse polls :meth:`changed_elsewhere` every ``poll_interval`` instead."""
+        return False
+
+    def watching(self) -> bool:
+        """Whether the notifications :meth:`watch` started are still on."""
+        return False
+
+    def unwatch(self) -> None:  # noqa: B027 - optional hook, nothing to do by default
+        """Stop what :meth:`watch` started."""
 
     async def changed_elsewhere(self) -> bool:
         """True if another process may have changed something since the last call."""

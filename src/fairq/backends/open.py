@@ -16,9 +16,21 @@ from .base import Backend
 __all__ = ["backend_class", "mask_url", "open_backend"]
 
 
+# query parameters that carry secrets (psycopg's ``password``, ``sslpassword``, ...), also
+# percent-encoded inside another URL's parameter (amqp://...?store=postgresql%3A...)
+_SECRET_PARAMS = re.compile(
+    r"((?:[?&]|%3F|%26)"
+    r"(?:password|passwd|pass|pwd|sslpassword|secret|token|api[_-]?key|access[_-]?key)"
+    r"(?:=|%3D))(?:(?!%26)[^&#])*",
+    re.IGNORECASE,
+)
+
+
 def mask_url(url: str) -> str:
-    """``url`` with its password (and that of a ``?store=`` URL inside it) replaced by ``***``."""
-    return re.sub(r"(//[^:/@?&=]*:)[^@/]*@", r"\1***@", url)
+    """``url`` with its passwords — in the user info (also of a ``?store=`` URL inside it) or
+    a query parameter such as ``?password=`` — replaced by ``***``."""
+    masked = re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+    return _SECRET_PARAMS.sub(r"\1***", masked)
 
 
 def backend_class(scheme: str) -> type[Backend]:

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from .. import __version__
 from ..broker import Broker, connect
 from ..errors import FairqError
+from ..extras import MissingExtra
 
 if TYPE_CHECKING:
     from ..http.client import Client
@@ -58,6 +60,13 @@ AttrOption = Annotated[
 DedupOption = Annotated[str | None, typer.Option("--dedup-id", help="Deduplication id.")]
 
 
+def fail(message: str, code: int = 1) -> NoReturn:
+    """Print ``error: message`` on stderr and exit with ``code``. The message is printed as
+    text, not as console markup: ``pip install 'fairq[server]'`` keeps its ``[server]``."""
+    err_console.print(f"[red]error:[/red] {escape(message)}")
+    raise typer.Exit(code)
+
+
 async def _open(url: str | None, server: str | None, api_key: str | None) -> Broker | Client:
     """The broker at ``url``, or a client of the server at ``server``."""
     if server:
@@ -76,8 +85,9 @@ def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     try:
         return asyncio.run(main())
     except FairqError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
-        raise typer.Exit(1) from None
+        fail(str(exc))
+    except MissingExtra as exc:
+        fail(str(exc), 2)
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

@@ -18,6 +18,7 @@ from .app import (
     app,
     console,
     err_console,
+    fail,
 )
 
 
@@ -33,7 +34,8 @@ def serve(
         bool,
         typer.Option(
             "--workers/--no-workers",
-            help="Also deliver push subscriptions and run the attention reconcilers here.",
+            help="Also deliver push subscriptions and run the attention reconcilers and "
+            "the waiting rooms' admitters here.",
         ),
     ] = False,
     max_batch: Annotated[int, typer.Option(help="Most messages per request.")] = 100,
@@ -46,6 +48,38 @@ def serve(
     ] = 2.0,
     log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
+    allowed_host: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allowed-host",
+            help="A Host name to answer besides localhost/127.0.0.1/[::1] (repeatable; "
+            "also FAIRQ_ALLOWED_HOSTS, comma-separated). Without API keys no other name is "
+            "answered (DNS rebinding).",
+        ),
+    ] = None,
+    max_waiting: Annotated[
+        int,
+        typer.Option(
+            help="Most topic streams, long polls and blocked sends at once; past it: 503 "
+            "with Retry-After.",
+        ),
+    ] = 100,
+    session_ttl: Annotated[
+        float,
+        typer.Option(
+            help="Seconds a dashboard login lasts (its signed cookie; FAIRQ_SESSION_SECRET "
+            "signs it, else a secret drawn at start).",
+        ),
+    ] = 43_200.0,
+    forwarded_allow_ips: Annotated[
+        str | None,
+        typer.Option(
+            "--forwarded-allow-ips",
+            envvar="FORWARDED_ALLOW_IPS",
+            help="Proxy addresses whose X-Forwarded-For/-Proto are believed (uvicorn's "
+            "option; default 127.0.0.1).",
+        ),
+    ] = None,
 ) -> None:
     """Serve the REST API, the live dashboard and /metrics (http://127.0.0.1:8040).
 
@@ -53,13 +87,10 @@ def serve(
     without keys the server listens on loopback only.
     """
     try:
-        from ..http.serve import ServeOptions, prepare
+        from ..http.serve import ServeOptions, parse_hosts, prepare
         from ..http.serve import serve as run_server
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        err_console.print(
-            f"[red]error:[/red] fairq serve needs: pip install 'fairq[server]' ({exc})"
-        )
-        raise typer.Exit(2) from None
+    except ImportError as exc:  # depends on the install
+        fail(f"fairq serve needs: pip install 'fairq[server]' ({exc})", 2)
     options = ServeOptions(
         url=url,
         host=host,
@@ -71,6 +102,12 @@ def serve(
         sample_interval=sample_interval,
         log_level=log_level,
         access_log=access_log,
+        allowed_hosts=(*parse_hosts(os.environ.get("FAIRQ_ALLOWED_HOSTS")), *(allowed_host or ())),
+        forwarded_allow_ips=forwarded_allow_ips,
+        session_secret=os.environ.get("FAIRQ_SESSION_SECRET") or None,
+        session_ttl=session_ttl,
+        max_waiting=max_waiting,
+        room_secrets=os.environ.get("FAIRQ_ROOM_SECRETS"),
     )
     try:
         keys = prepare(options)
@@ -85,6 +122,6 @@ def serve(
         f"fairq serve: dashboard [bold]http://{shown}:{port}/[/bold] · API /v1 · "
         f"/openapi.json · /metrics — backend {backend} · "
         + ("API keys on" if keys.enabled else "no API keys (loopback only)")
-        + (" · push deliveries and reconcilers on" if workers else "")
+        + (" · push deliveries, reconcilers and admitters on" if workers else "")
     )
     run_server(options)

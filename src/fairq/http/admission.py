@@ -81,14 +81,29 @@ def token_of(scope: Scope, cookie: str = ADMISSION_COOKIE) -> str | None:
     return None
 
 
+def _route_paths(path: str, root_path: str) -> tuple[str, ...]:
+    """The spellings of ``path`` the application may route: without ``root_path`` (what
+    Starlette's router matches, ASGI's rule) and as it is (servers that leave
+    ``root_path`` out of ``path``)."""
+    if root_path and path.startswith(root_path):
+        rest = path[len(root_path) :]
+        if not rest:
+            return (path, "/")
+        if rest.startswith("/"):
+            return (path, rest)
+    return (path,)
+
+
 class RequireAdmission:
     """Refuse requests to ``paths`` without a valid admission token of ``room`` while its
     sale runs. See the module docstring.
 
     ``room``: a :class:`~fairq.waitingroom.WaitingRoom`, or its name with ``broker`` (a
     broker, or a callable returning one) and, if the room was made with one, ``secret``.
-    ``paths``: path prefixes to guard (``"/holds"`` guards ``/holds`` and ``/holds/7``);
-    ``methods``: only these methods (default: all). ``consume``: burn each token on use.
+    ``paths``: path prefixes to guard (``"/holds"`` guards ``/holds`` and ``/holds/7``), as
+    the wrapped app routes them — under a ``Mount("/shop", ...)`` or ``--root-path /shop``
+    still ``"/holds"``; ``methods``: only these methods (default: all; ``GET`` includes
+    ``HEAD``). ``consume``: burn each token on use.
     ``room_page``: where a browser is sent (default ``/rooms/<room>``).
     """
 
@@ -117,6 +132,10 @@ class RequireAdmission:
         self._secret = secret
         self.paths = tuple(p.rstrip("/") or "/" for p in paths)
         self.methods = None if methods is None else {m.upper() for m in methods}
+        if self.methods is not None and "GET" in self.methods:
+            # Starlette (like most frameworks) runs a GET endpoint for HEAD: the body is
+            # dropped, its side effects are not
+            self.methods.add("HEAD")
         self.consume = consume
         self.cookie = cookie
         self.room_page = room_page or f"/rooms/{self.room_name}"
@@ -126,10 +145,20 @@ class RequireAdmission:
         self._lock = asyncio.Lock()
 
     def guards(self, scope: Scope) -> bool:
-        """True if the request is to a guarded path and method."""
+        """True if the request is to a guarded path and method.
+
+        ``paths`` are the paths the wrapped application routes, so the request's path is
+        matched with its ``root_path`` taken off (a Starlette ``Mount``, ``uvicorn
+        --root-path``), as Starlette's router does. Servers disagree on whether
+        ``path`` includes ``root_path``, so the path is also matched as it is: when
+        either spelling is guarded, the request is guarded (fail closed).
+        """
         if self.methods is not None and scope.get("method", "GET") not in self.methods:
             return False
         path: str = scope.get("path", "/")
+        return any(self._matches(p) for p in _route_paths(path, scope.get("root_path", "")))
+
+    def _matches(self, path: str) -> bool:
         for prefix in self.paths:
             if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
                 return True

@@ -10,9 +10,10 @@ decoded, checked values and returns a response model (or None for ``204``).
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlsplit
 
 import msgspec
 import orjson
@@ -24,9 +25,13 @@ from ..broker import Broker
 from ..errors import InvalidOption, QueueNotFound
 from ..message import check_key, check_name
 from ..pubsub import Topic
+from ..waitingroom import RoomStats, Status, Ticket
+from . import api_idempotency as idem
+from . import api_rooms as rooms
 from . import models as m
-from .auth import Scope
+from .auth import Principal, Scope
 from .errors import ApiError
+from .nesting import MAX_DEPTH, too_deep
 
 InfoT = TypeVar("InfoT")
 
@@ -62,6 +67,8 @@ class ServerState:
     sampler: Sampler
     metrics: Metrics
     auth: bool = False
+    #: room name (or "*") -> the secret= a room was made with (``FAIRQ_ROOM_SECRETS``)
+    room_secrets: Mapping[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -73,6 +80,8 @@ class Call:
     path: dict[str, str]
     body: Any = None
     query: Any = None
+    #: who made the request; None on a public route called without a valid key
+    principal: Principal | None = None
 
     @property
     def broker(self) -> Broker:
@@ -99,6 +108,7 @@ class Route:
     status: int = 200
     errors: tuple[int, ...] = ()
     stream: bool = False  # text/event-stream
+    idempotent: bool = False  # honours Idempotency-Key (api_idempotency.IdempotentCall)
     description: str = ""
 
     @property
@@ -112,7 +122,10 @@ PATH_PARAMS: dict[str, tuple[str, str]] = {
     "topic": ("topic name", m.NAME_PATTERN),
     "subscription": ("subscription name", m.NAME_PATTERN),
     "domain": ("attention domain name", m.NAME_PATTERN),
-    "key": ("attention key", m.KEY_PATTERN),
+    "key": ("attention key, or idempotency key", m.KEY_PATTERN),
+    "room": ("waiting room name", m.NAME_PATTERN),
+    "namespace": ("idempotency or version namespace", m.NAME_PATTERN),
+    "entity": ("entity id", m.KEY_PATTERN),
 }
 
 
@@ -136,14 +149,19 @@ async def queue_info(broker: Broker, name: str) -> m.QueueInfo:
 
 
 async def list_queues(c: Call) -> m.QueueList:
-    q: m.PrefixQuery = c.query
+    q: m.QueueListQuery = c.query
+    # names are cheap; each queue's options and stats are not: only a page of them is read
+    names = sorted(await c.broker.list_queues(q.prefix))
+    if q.cursor is not None:
+        names = [n for n in names if n > q.cursor]
+    page = names[: q.limit]
     infos = []
-    for name in await c.broker.list_queues(q.prefix):
+    for name in page:
         try:
             infos.append(await queue_info(c.broker, name))
         except QueueNotFound:  # deleted meanwhile
             continue
-    return m.QueueList(infos)
+    return m.QueueList(infos, page[-1] if len(names) > q.limit else None)
 
 
 async def declare_queue(c: Call) -> m.QueueInfo:
@@ -326,6 +344,8 @@ async def stream(c: Call) -> Response:
     t = await _topic(c)
     policy = None
     if q.filter is not None:
+        if too_deep(q.filter):
+            raise ApiError(400, "bad_request", f"filter nests more than {MAX_DEPTH} levels deep")
         try:
             policy = orjson.loads(q.filter)
         except orjson.JSONDecodeError as exc:
@@ -445,7 +465,9 @@ async def overview(c: Call) -> m.Overview:
 
 async def healthz(c: Call) -> m.Health:
     await c.broker.list_queues("")  # the backend answers
-    return m.Health("ok", c.broker.url)
+    # the URL names hosts, users, paths: only for callers who may read the server anyway
+    url = c.broker.url
+    return m.Health("ok", url if c.principal is not None else urlsplit(url).scheme)
 
 
 async def metrics(c: Call) -> Response:
@@ -457,11 +479,16 @@ async def metrics(c: Call) -> Response:
 
 
 Q, T, A, D = "queues", "topics", "attention", "dashboard"
+R, ID = "rooms", "idempotency"
 E_Q = (400, 404, 422)
+ROOM = "/v1/rooms/{room}"
+IKEY = "/v1/idempotency/{namespace}/keys/{key}"
 ROUTES: tuple[Route, ...] = (
     # queues
     Route("GET", "/v1/queues", "listQueues", Q, "read", "List queues with their options and stats",
-          list_queues, query=m.PrefixQuery, response=m.QueueList),
+          list_queues, query=m.QueueListQuery, response=m.QueueList,
+          description="A page of at most `limit` queues by name; pass `next_cursor` as "
+          "`cursor` for the next page (null: the last)."),
     Route("PUT", "/v1/queues/{queue}", "declareQueue", Q, "admin",
           "Declare a queue (create, or update its options)", declare_queue,
           body=m.QueueOptions, response=m.QueueInfo, errors=(400, 409, 422),
@@ -472,7 +499,7 @@ ROUTES: tuple[Route, ...] = (
           "Delete a queue and its messages", delete_queue, status=204, errors=(400, 404)),
     Route("POST", "/v1/queues/{queue}/messages", "sendMessages", Q, "send",
           "Send a batch of messages (all or none)", send, body=m.SendRequest, response=m.Ids,
-          errors=(400, 404, 409, 413, 422, 429),
+          errors=(400, 404, 409, 413, 422, 429), idempotent=True,
           description="Answers the ids in order (a deduplicated message: the first id). "
           "429 when a bounded queue is full."),
     Route("GET", "/v1/queues/{queue}/messages", "peekMessages", Q, "receive",
@@ -530,7 +557,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/topics/{topic}/messages", "publishMessages", T, "send",
           "Publish a batch of messages to every matching subscription (all or none)",
           publish, body=m.PublishRequest, response=m.Published,
-          errors=(400, 404, 409, 413, 422, 429)),
+          errors=(400, 404, 409, 413, 422, 429), idempotent=True),
     Route("GET", "/v1/topics/{topic}/stream", "streamTopic", T, "receive",
           "Listen live (Server-Sent Events): what is published from now on, at most once",
           stream, query=m.StreamQuery, stream=True, errors=E_Q,
@@ -568,13 +595,88 @@ ROUTES: tuple[Route, ...] = (
           "Publish work for a key (work messages and the key's signal, atomically)",
           attention_publish, body=m.SendRequest, response=m.Ids,
           errors=(400, 404, 409, 413, 422, 429)),
+    # waiting rooms
+    Route("GET", "/v1/rooms", "listRooms", R, "read", "List waiting rooms with their stats",
+          rooms.list_rooms, query=m.PrefixQuery, response=rooms.RoomList),
+    Route("PUT", ROOM, "declareRoom", R, "admin",
+          "Create a waiting room, or update the options given", rooms.declare_room,
+          body=rooms.RoomOptions, response=RoomStats, errors=(400, 409, 422),
+          description="Idempotent. A new room signs with a key generated once and kept in "
+          "the backend; a room your app made with its own `secret=` cannot be updated here "
+          "(422)."),
+    Route("GET", ROOM, "getRoom", R, "read", "A waiting room's options and numbers",
+          rooms.get_room, response=RoomStats, errors=(400, 404)),
+    Route("DELETE", ROOM, "deleteRoom", R, "admin", "Delete a waiting room, its fans and tokens",
+          rooms.delete_room, status=204, errors=(400, 404)),
+    Route("POST", f"{ROOM}/join", "joinRoom", R, "send",
+          "Put a fan in line (joining again keeps the first ticket and place)", rooms.join,
+          body=rooms.JoinRequest, response=Ticket, errors=(400, 404, 422),
+          description="For an app that knows who its fans are; the fans' own page is "
+          "`/rooms/{room}`. After sold out or close the answer is that state, with no "
+          "ticket."),
+    Route("GET", f"{ROOM}/status", "roomStatus", R, "receive",
+          "Where a ticket stands; an admitted fan's status carries its admission token",
+          rooms.status, query=rooms.StatusQuery, response=Status, errors=(400, 404, 422)),
+    Route("POST", f"{ROOM}/verify", "verifyAdmission", R, "receive",
+          "Check an admission token (`consume`: and burn it, it works once)", rooms.verify,
+          body=rooms.VerifyRequest, response=rooms.Claims, errors=(400, 403, 404, 422),
+          description="A forged, altered, expired, other room's or used token answers 403 "
+          "`invalid_token`. Gateways may also verify offline with `/rooms/{room}/jwks.json`."),
+    Route("POST", f"{ROOM}/admit", "admitFans", R, "admin",
+          "Admit the next `n` waiting fans at once, whatever the rate", rooms.admit,
+          body=rooms.AdmitRequest, response=rooms.Admitted, errors=(400, 404, 422),
+          description="Answers how many were admitted; none before the room opens."),
+    Route("PUT", f"{ROOM}/rate", "setRoomRate", R, "admin",
+          "Change the admit rate live (fans per second), for the admitter wherever it runs",
+          rooms.set_rate, body=rooms.RateRequest, response=RoomStats,
+          errors=(400, 404, 422)),
+    Route("POST", f"{ROOM}/sold-out", "roomSoldOut", R, "admin",
+          "Sell out: everyone waiting, and every later join, is answered `sold_out`",
+          rooms.sold_out, response=rooms.SoldOut, errors=(400, 404)),
+    Route("POST", f"{ROOM}/close", "closeRoom", R, "admin",
+          "Close the room: the sale is over and `RequireAdmission` stops guarding",
+          rooms.close, response=RoomStats, errors=(400, 404)),
+    # idempotency keys and version gates
+    Route("POST", f"{IKEY}/claim", "claimKey", ID, "receive",
+          "Claim an idempotency key for `lease` seconds: a claim token, or what holds it",
+          idem.claim, body=idem.ClaimRequest, response=idem.ClaimResult, errors=E_Q,
+          description="Of concurrent claims of one key exactly one gets a token; the others "
+          "get `claimed: false` and the record in the way (running, or completed with its "
+          "result). An expired claim can be taken again."),
+    Route("POST", f"{IKEY}/complete", "completeClaim", ID, "receive",
+          "Complete a claim with its result (the key is never claimed again within `ttl`)",
+          idem.complete, body=idem.CompleteRequest, status=204, errors=(400, 409, 413, 422),
+          description="409 `claim_lost` if another claimer took the key after this claim's "
+          "lease ran out."),
+    Route("POST", f"{IKEY}/release", "releaseClaim", ID, "receive",
+          "Release a claim without completing it (the next claim takes the key at once)",
+          idem.release, body=idem.TokenRequest, response=idem.Released, errors=E_Q),
+    Route("POST", f"{IKEY}/extend", "extendClaim", ID, "receive",
+          "Make a claim last `lease` seconds from now", idem.extend,
+          body=idem.ExtendClaimRequest, status=204, errors=(400, 409, 422)),
+    Route("GET", IKEY, "getIdempotencyKey", ID, "read",
+          "A key's record: running or completed, until when, and the result",
+          idem.get_key, response=idem.KeyRecord, errors=(400, 404)),
+    Route("DELETE", IKEY, "forgetIdempotencyKey", ID, "admin",
+          "Drop a key's record, running or completed, so the next claim takes it",
+          idem.forget, status=204, errors=(400, 404)),
+    Route("POST", "/v1/versions/{namespace}/{entity}/advance", "advanceVersion", ID, "receive",
+          "Record a version if it is newer than the stored one (atomic)", idem.advance,
+          body=idem.AdvanceRequest, response=idem.Advanced, errors=(400, 422),
+          description="`advanced` is true only for a version greater than the stored one "
+          "(or the first); an older or equal one changes nothing."),
+    Route("GET", "/v1/versions/{namespace}/{entity}", "currentVersion", ID, "read",
+          "An entity's stored version", idem.current, response=idem.VersionInfo,
+          errors=(400, 404)),
     # the dashboard's live view
     Route("GET", "/v1/overview", "overview", D, "read",
           "Queues with measured rates and Little's-law worker counts, topics, attention "
           "domains: everything the dashboard shows", overview, response=m.Overview),
     # the server
     Route("GET", "/healthz", "healthz", "server", "public",
-          "Health: 200 when the server and its backend answer", healthz, response=m.Health),
+          "Health: 200 when the server and its backend answer", healthz, response=m.Health,
+          description="`backend` is the backend's kind (`sqlite`), or its URL (password "
+          "masked) when the request carries a valid key or the server has none."),
     Route("GET", "/metrics", "metrics", "server", "read",
           "Prometheus metrics (text format 0.0.4), read fresh at each scrape", metrics,
           response=str),

@@ -5,16 +5,19 @@
     app = create_app(url="sqlite:///fairq.db")          # or create_app(broker)
     # uvicorn.run(app, host="127.0.0.1", port=8040)  — or: fairq serve
 
-Around the routes, two pure-ASGI layers: :class:`~fairq.http.metrics.RequestTimer`
-(latency histogram) and :class:`BodyLimit` (a body over the limit is refused with 413
-from its ``Content-Length``, or as soon as the bytes read pass the limit — never read
-whole). Every route of :data:`fairq.http.api.ROUTES` goes through :func:`endpoint`,
-which authenticates, checks the scope, decodes the body and query with the route's
-models and turns every error into ``{"error": code, "detail": text}``.
+Around the routes, three pure-ASGI layers: :class:`~fairq.http.metrics.RequestTimer`
+(latency histogram), :class:`~fairq.http.guard.BrowserGuard` (the ``Host`` check against
+DNS rebinding, the ``Origin`` check against cross-site requests) and :class:`BodyLimit`
+(a body over the limit is refused with 413 from its ``Content-Length``, or as soon as the
+bytes read pass the limit — never read whole). Every route of
+:data:`fairq.http.api.ROUTES` goes through :func:`endpoint`, which authenticates, checks
+the scope, bounds the JSON's nesting, decodes the body and query with the route's models,
+holds a slot of the waiting cap for streams and long polls, and turns every error into
+``{"error": code, "detail": text}``.
 
 The lifespan connects the broker (unless one is given), runs the stats sampler and,
-with ``workers=True``, push-subscription deliveries (``Worker.push()``) and the attention
-reconciler of every domain.
+with ``workers=True``, push-subscription deliveries (``Worker.push()``), the attention
+reconciler of every domain and the admitter of every waiting room.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -39,18 +42,26 @@ from ..broker import Broker, connect
 from ..errors import FairqError
 from . import api
 from . import models as m
-from .auth import COOKIE, KeyRing, require
+from .api_idempotency import IdempotentCall
+from .api_rooms import run_admitters
+from .auth import COOKIE, KeyRing, Principal, require
 from .errors import ApiError, error_for
+from .guard import BrowserGuard, HostPolicy
 from .metrics import Metrics, RequestTimer
 from .middleware import Receive, Scope, Send
+from .nesting import MAX_DEPTH, too_deep
 from .openapi import openapi
 from .sampler import Sampler
+from .session import SESSION_TTL, Sessions
+from .waiting import MAX_WAITING, Holding, WaitSlots, may_wait, waits
 
 __all__ = ["BodyLimit", "create_app", "error_response"]
 
 log = logging.getLogger("fairq.http")
 DASHBOARD = Path(__file__).parent / "dashboard"
+ROOMS_PREFIX = "/rooms"  # the waiting rooms' public routes (fans hold no key)
 _SAFE = ("GET", "HEAD", "OPTIONS")
+_TOO_DEEP = f"the body nests arrays and objects more than {MAX_DEPTH} levels deep"
 
 
 def error_response(status: int, code: str, detail: str, headers: Any = None) -> Response:
@@ -68,8 +79,15 @@ def _state(request: Request) -> api.ServerState:
     return state
 
 
-def endpoint(route: api.Route, keys: KeyRing) -> Callable[[Request], Awaitable[Response]]:
-    """The Starlette endpoint of one API route."""
+def endpoint(
+    route: api.Route,
+    keys: KeyRing,
+    sessions: Sessions | None = None,
+    waiting: WaitSlots | None = None,
+) -> Callable[[Request], Awaitable[Response]]:
+    """The Starlette endpoint of one API route (``sessions``: the dashboard's;
+    ``waiting``: the server's cap on streams, long polls and blocked sends)."""
+    capped = waiting is not None and may_wait(route.stream, route.body)
     body_type = route.body
     body_required = body_type is not None and any(
         f.required for f in msgspec.structs.fields(body_type)
@@ -83,13 +101,24 @@ def endpoint(route: api.Route, keys: KeyRing) -> Callable[[Request], Awaitable[R
         if route.stream:
             request.scope["fairq.stream"] = True
         try:
+            principal: Principal | None
             if route.scope != "public":
-                principal = keys.authenticate(request.headers, request.cookies)
+                principal = keys.authenticate(request.headers, request.cookies, sessions)
                 require(principal, route.scope)
                 _check_cookie_request(request, keys)
+                if route.idempotent and IdempotentCall.wanted(request):
+                    return IdempotentCall(request, principal.label, handle)
+            else:  # who it is decides only what a public route shows
+                try:
+                    principal = keys.authenticate(request.headers, request.cookies, sessions)
+                except ApiError:
+                    principal = None
             call = api.Call(request, _state(request), dict(request.path_params))
+            call.principal = principal
             if decoder is not None:
                 raw = await request.body()
+                if too_deep(raw):
+                    raise ApiError(400, "bad_request", _TOO_DEEP)
                 if not raw.strip():
                     if body_required:
                         raise ApiError(422, "validation_error", "this operation needs a JSON body")
@@ -102,7 +131,26 @@ def endpoint(route: api.Route, keys: KeyRing) -> Callable[[Request], Awaitable[R
                     call.body = msgspec.convert(_integral(msgspec.json.decode(raw)), body_type)
             if route.query is not None:
                 call.query = msgspec.convert(dict(request.query_params), route.query, strict=False)
-            result = await route.handler(call)
+            if capped and waits(route.stream, call.body):
+                assert waiting is not None
+                if not waiting.take():
+                    return error_response(
+                        503,
+                        "server_busy",
+                        f"{waiting.limit} requests already wait here (streams, long polls, "
+                        "blocked sends): retry shortly",
+                        {"Retry-After": "1"},
+                    )
+                try:
+                    result = await route.handler(call)
+                except BaseException:
+                    waiting.give()
+                    raise
+                if isinstance(result, Response) and route.stream:
+                    return Holding(result, waiting.give)  # held while the stream lasts
+                waiting.give()
+            else:
+                result = await route.handler(call)
         except msgspec.ValidationError as exc:
             return error_response(422, "validation_error", str(exc))
         except msgspec.DecodeError as exc:
@@ -218,17 +266,19 @@ async def _refuse(send: Send, limit: int, declared: int | None) -> None:
 
 
 # -- dashboard and login -------------------------------------------------------------------
-def _is_admin(request: Request, keys: KeyRing) -> bool:
+def _is_admin(request: Request, keys: KeyRing, sessions: Sessions) -> bool:
     if not keys.enabled:
         return True
-    key = keys.find(request.cookies.get(COOKIE))
-    return key is not None and "admin" in key.scopes
+    return sessions.verify(request.cookies.get(COOKIE), keys) is not None
 
 
-def dashboard_routes(keys: KeyRing) -> list[BaseRoute]:
+def dashboard_routes(keys: KeyRing, sessions: Sessions) -> list[BaseRoute]:
+    """The dashboard's page, its login and logout (a signed session cookie,
+    :mod:`fairq.http.session`), and ``/openapi.json``."""
+
     async def index(request: Request) -> Response:
         request.scope["fairq.route"] = "/"
-        if not _is_admin(request, keys):
+        if not _is_admin(request, keys, sessions):
             return RedirectResponse("/login", status_code=303)
         return FileResponse(DASHBOARD / "index.html", headers={"Cache-Control": "no-store"})
 
@@ -245,7 +295,8 @@ def dashboard_routes(keys: KeyRing) -> list[BaseRoute]:
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
             COOKIE,
-            key.key,
+            sessions.issue(key),  # never the key itself: a stolen cookie must not be one
+            max_age=int(sessions.ttl),
             httponly=True,
             samesite="strict",
             secure=request.url.scheme == "https",
@@ -254,6 +305,7 @@ def dashboard_routes(keys: KeyRing) -> list[BaseRoute]:
         return response
 
     async def logout(request: Request) -> Response:
+        sessions.revoke(request.cookies.get(COOKIE))
         response = RedirectResponse("/login" if keys.enabled else "/", status_code=303)
         response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response
@@ -274,14 +326,16 @@ def dashboard_routes(keys: KeyRing) -> list[BaseRoute]:
 
 
 # -- the app -------------------------------------------------------------------------------
-def _room_routes() -> list[BaseRoute]:
+def _room_routes(secrets: Mapping[str, bytes]) -> list[BaseRoute]:
     """The waiting rooms' pages and JSON (:mod:`fairq.http.rooms`, public: fans hold no
-    API key), when the ``room`` extra is installed."""
+    API key), when the ``room`` extra is installed; ``secrets`` as ``rooms_routes``'s."""
     try:
         from .rooms import rooms_routes
     except ImportError:  # pragma: no cover - depends on the install
         return []
-    return rooms_routes(lambda request: _state(request).broker)
+    return rooms_routes(
+        lambda request: _state(request).broker, secrets=secrets, prefix=ROOMS_PREFIX
+    )
 
 
 def _dispatch(
@@ -332,12 +386,31 @@ def create_app(
     workers: bool = False,
     reconcile_interval: float = 30.0,
     push_concurrency: int = 8,
+    allowed_hosts: Iterable[str] | None = None,
+    session_secret: bytes | str | None = None,
+    session_ttl: float = SESSION_TTL,
+    max_waiting: int = MAX_WAITING,
+    room_secrets: Mapping[str, bytes] | None = None,
 ) -> Starlette:
     """The app serving ``broker`` (or a broker it connects to ``url`` at start-up and
     closes at shutdown). ``keys`` None or empty: no authentication (keep it on
     loopback). ``workers``: also deliver push subscriptions and reconcile attention
-    domains in this process."""
+    domains in this process.
+
+    ``allowed_hosts``: the ``Host`` names answered besides the loopback ones (``name`` or
+    ``name:port``; ``"*"``: any). Without keys only those are answered, against DNS
+    rebinding; with keys any name is, unless some are given (:mod:`fairq.http.guard`).
+    ``session_secret`` signs the dashboard's session cookies (None: drawn at start, so a
+    restart ends every session), which last ``session_ttl`` seconds. ``max_waiting``: the
+    most streams, long polls and blocked sends at once (:mod:`fairq.http.waiting`).
+    ``room_secrets``: room name (or ``"*"``) → the ``secret=`` a room was made with, so
+    that its pages can be served.
+    """
     keys = keys or KeyRing()
+    sessions = Sessions(session_secret, session_ttl)
+    waiting = WaitSlots(max_waiting)
+    hosts = list(allowed_hosts or ())
+    host_policy = HostPolicy(hosts) if hosts or not keys.enabled else None
     limits = limits or api.Limits()
     metrics = Metrics()
 
@@ -345,7 +418,9 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         b = broker if broker is not None else await connect(url)
         sampler = Sampler(b, sample_interval, history, rate_window, max_sampled_queues)
-        app.state.fairq = api.ServerState(b, limits, sampler, metrics, keys.enabled)
+        app.state.fairq = api.ServerState(
+            b, limits, sampler, metrics, keys.enabled, dict(room_secrets or {})
+        )
         tasks = [asyncio.create_task(sampler.run(), name="fairq-sampler")]
         worker = None
         if workers:
@@ -357,6 +432,7 @@ def create_app(
             tasks.append(
                 asyncio.create_task(_reconcile(b, reconcile_interval), name="fairq-reconcile")
             )
+            tasks.append(asyncio.create_task(run_admitters(b), name="fairq-admitters"))
         try:
             yield
         finally:
@@ -373,14 +449,14 @@ def create_app(
 
     by_path: dict[str, dict[str, Callable[[Request], Awaitable[Response]]]] = {}
     for r in api.ROUTES:
-        by_path.setdefault(r.path, {})[r.method] = endpoint(r, keys)
+        by_path.setdefault(r.path, {})[r.method] = endpoint(r, keys, sessions, waiting)
     # one Starlette route per path, so a 405 lists every method of the path in Allow
     routes: list[BaseRoute] = [
         Route(path, _dispatch(handlers), methods=list(handlers))
         for path, handlers in by_path.items()
     ]
-    routes += dashboard_routes(keys)
-    routes += _room_routes()
+    routes += dashboard_routes(keys, sessions)
+    routes += _room_routes(room_secrets or {})
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -393,5 +469,7 @@ def create_app(
         return limits.body_limit(size)
 
     app.add_middleware(BodyLimit, limit=body_limit)
+    # outside the body limit: a refused request is never read
+    app.add_middleware(BrowserGuard, hosts=host_policy, exempt=[ROOMS_PREFIX])
     app.add_middleware(RequestTimer, metrics=metrics)
     return app

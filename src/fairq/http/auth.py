@@ -14,9 +14,10 @@ print(secrets.token_urlsafe(24))"`` makes one). Scopes:
 * ``receive`` — receive, ack, nack, extend, dead-letter, peek, stream a topic.
 
 Any valid key may read lists, stats and ``/metrics``. A request presents its key as
-``Authorization: Bearer KEY`` (or ``X-API-Key: KEY``); the dashboard keeps an admin key
-in an HttpOnly, SameSite=Strict cookie set by ``POST /login``. Keys are compared in
-constant time against every configured key (never stopping at the first match).
+``Authorization: Bearer KEY`` (or ``X-API-Key: KEY``); the dashboard logs in with an admin
+key at ``POST /login`` and gets a signed, expiring session cookie bound to that key's id
+(:mod:`fairq.http.session`) — never the key itself. Keys are compared in constant time
+against every configured key (never stopping at the first match).
 
 Without keys the server is open, so it refuses to listen anywhere but loopback
 (:func:`check_bind`).
@@ -30,10 +31,13 @@ import ipaddress
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import InvalidOption
 from .errors import ApiError
+
+if TYPE_CHECKING:
+    from .session import Sessions
 
 __all__ = [
     "COOKIE",
@@ -50,7 +54,8 @@ __all__ = [
 Scope = Literal["admin", "send", "receive", "read", "public"]
 #: scopes a key can hold ("read": any valid key; "public": no key at all)
 SCOPES: tuple[str, ...] = ("admin", "send", "receive")
-COOKIE = "fairq_key"
+#: the dashboard's session cookie (a signed session, :mod:`fairq.http.session`)
+COOKIE = "fairq_session"
 _KEY = re.compile(r"[A-Za-z0-9_.~-]{16,256}")
 
 
@@ -126,6 +131,11 @@ class KeyRing:
         return cls(parse_api_keys(text or ""))
 
     @property
+    def keys(self) -> tuple[ApiKey, ...]:
+        """The configured keys."""
+        return tuple(k for _, k in self._keys)
+
+    @property
     def enabled(self) -> bool:
         """False when no key is configured: every request is allowed."""
         return bool(self._keys)
@@ -141,12 +151,24 @@ class KeyRing:
                 match = key
         return match
 
-    def authenticate(self, headers: Mapping[str, str], cookies: Mapping[str, str]) -> Principal:
-        """The principal of a request; ``ApiError`` 401 without a valid key."""
+    def authenticate(
+        self,
+        headers: Mapping[str, str],
+        cookies: Mapping[str, str],
+        sessions: Sessions | None = None,
+    ) -> Principal:
+        """The principal of a request — its key from the headers, else its dashboard
+        session cookie checked by ``sessions``; ``ApiError`` 401 without either."""
         if not self._keys:
             return ANONYMOUS
-        presented = _presented(headers, cookies)
+        presented = _presented(headers)
         if presented is None:
+            session = cookies.get(COOKIE)
+            if session and sessions is not None:
+                found = sessions.verify(session, self)
+                if found is not None:
+                    return Principal(found.label, found.scopes)
+                raise ApiError(401, "unauthorized", "the dashboard session has ended: log in again")
             raise ApiError(
                 401,
                 "unauthorized",
@@ -158,7 +180,8 @@ class KeyRing:
         return Principal(key.label, key.scopes)
 
 
-def _presented(headers: Mapping[str, str], cookies: Mapping[str, str]) -> str | None:
+def _presented(headers: Mapping[str, str]) -> str | None:
+    """The key a request's headers present ("" for a malformed one), None if none."""
     auth = headers.get("authorization")
     if auth is not None:
         scheme, _, value = auth.partition(" ")
@@ -168,7 +191,7 @@ def _presented(headers: Mapping[str, str], cookies: Mapping[str, str]) -> str | 
     key = headers.get("x-api-key")
     if key is not None:
         return key.strip()
-    return cookies.get(COOKIE)
+    return None
 
 
 def require(principal: Principal, scope: Scope) -> None:

@@ -10,6 +10,8 @@
             await msg.ack()                                       # or nack/extend/dead_letter
         await fq.topic("order-events").publish({"order": "o-1"}, routing_key="order.new")
         await fq.attention("marketplace").publish("store-873", {"sync": "stock"})
+        room = await fq.waiting_room("ev-88", admit_rate=500)   # rooms, as fairq.WaitingRoom
+        claim = await fq.idempotency("pdf-worker").claim("o-7731")  # as fairq.IdempotencyStore
 
 Received messages are :class:`fairq.Received` objects; their ``ack``, ``nack``,
 ``extend`` and ``dead_letter`` go to the server by receipt. Stats come back as the
@@ -17,7 +19,9 @@ library's own dataclasses (``QueueStats``, ``TopicStats``, ``AttentionStats``,
 ``KeyStats``), and error answers as the fairq exception the server mapped them from
 (``QueueNotFound``, ``LeaseLost``, ``QueueFull`` ...; anything else as
 :class:`~fairq.http.errors.RemoteError`). Bodies go as the in-process API takes them:
-bytes (sent base64), str (text), or any JSON value.
+bytes (sent base64), str (text), or any JSON value. ``send``, ``send_batch``,
+``publish`` and ``publish_batch`` take ``idempotency_key=``: a retry with the same key
+gets the first answer back instead of storing the messages again.
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ from ..clock import Clock, SystemClock
 from ..queue import QueueStats
 from .errors import RemoteError, exception_from
 from .remote import RemoteAttention, RemoteQueue, RemoteTopic, dataclass_from
+from .remote_idempotency import RemoteIdempotencyStore, RemoteVersionGate
+from .remote_rooms import RemoteRoom
 
 __all__ = ["DEFAULT_SERVER", "Client"]
 
@@ -88,15 +94,19 @@ class Client:
         json: Any = None,
         params: Mapping[str, Any] | None = None,
         wait: float = 0.0,
+        headers: Mapping[str, str] | None = None,
     ) -> Any:
         """One API call; the decoded JSON answer (None for 204), or the mapped error."""
         content = orjson.dumps(json) if json is not None else None
+        sent = dict(headers or {})
+        if content is not None:
+            sent["Content-Type"] = "application/json"
         response = await self._http.request(
             method,
             path,
             content=content,
             params=params,
-            headers={"Content-Type": "application/json"} if content is not None else None,
+            headers=sent or None,
             timeout=self.timeout + wait,
         )
         if response.status_code == 204:
@@ -140,9 +150,16 @@ class Client:
         return list(await self.queue_stats(prefix))
 
     async def queue_stats(self, prefix: str = "") -> dict[str, QueueStats]:
-        """Every queue starting with ``prefix`` and its stats, in one call."""
-        data = await self.request("GET", "/v1/queues", params={"prefix": prefix})
-        return {q["name"]: dataclass_from(QueueStats, q["stats"]) for q in data["queues"]}
+        """Every queue starting with ``prefix`` and its stats (a call per 1,000 queues)."""
+        out: dict[str, QueueStats] = {}
+        params: dict[str, Any] = {"prefix": prefix, "limit": 1000}
+        while True:
+            data = await self.request("GET", "/v1/queues", params=params)
+            out.update((q["name"], dataclass_from(QueueStats, q["stats"])) for q in data["queues"])
+            cursor = data.get("next_cursor")
+            if not cursor:
+                return out
+            params["cursor"] = cursor
 
     async def redrive(self, queue: str, to: str | None = None, limit: int | None = None) -> int:
         """Move dead letters back to their source queue (or ``to``); how many moved."""
@@ -208,6 +225,39 @@ class Client:
         from ..errors import AttentionNotFound
 
         return await self._delete(f"/v1/attention/{domain}", AttentionNotFound)
+
+    # -- waiting rooms ---------------------------------------------------------------------
+    async def waiting_room(self, name: str, **options: Any) -> RemoteRoom:
+        """Create a waiting room, or update the options given (``admit_rate``,
+        ``token_ttl``, ``opens_at``, ``max_active``); its handle. The room signs with a key
+        kept in the backend (a ``secret`` stays with the library)."""
+        await self.request("PUT", f"/v1/rooms/{name}", options)
+        return RemoteRoom(self, name)
+
+    async def room(self, name: str) -> RemoteRoom:
+        """A handle to an existing waiting room (``fairq.RoomNotFound`` otherwise)."""
+        await self.request("GET", f"/v1/rooms/{name}")
+        return RemoteRoom(self, name)
+
+    async def list_rooms(self, prefix: str = "") -> list[str]:
+        """Names of the waiting rooms that start with ``prefix``, sorted."""
+        data = await self.request("GET", "/v1/rooms", params={"prefix": prefix})
+        return [r["name"] for r in data["rooms"]]
+
+    async def delete_room(self, name: str) -> bool:
+        """Delete a waiting room, its fans and tokens; False if there was none."""
+        from ..errors import RoomNotFound
+
+        return await self._delete(f"/v1/rooms/{name}", RoomNotFound)
+
+    # -- idempotency -----------------------------------------------------------------------
+    def idempotency(self, namespace: str, ttl: float = 86_400.0) -> RemoteIdempotencyStore:
+        """The idempotency keys of ``namespace``; completed keys are kept ``ttl`` seconds."""
+        return RemoteIdempotencyStore(self, namespace, ttl)
+
+    def versions(self, namespace: str) -> RemoteVersionGate:
+        """The version gate of ``namespace``: the newest version seen per entity."""
+        return RemoteVersionGate(self, namespace)
 
     # -- the server ------------------------------------------------------------------------
     async def overview(self) -> dict[str, Any]:

@@ -72,13 +72,17 @@ ERRORS: dict[type[Exception], ErrorCode] = {
 #: codes the server answers that no fairq exception carries
 PROTOCOL_ERRORS: dict[str, int] = {
     "bad_request": 400,  # malformed JSON, a query value of the wrong type
+    "host_not_allowed": 400,  # a Host name the server does not answer to (DNS rebinding)
     "unauthorized": 401,
     "forbidden": 403,
+    "cross_site_request": 403,  # a browser's cross-site change without a JSON body (CSRF)
     "not_found": 404,  # no such route, or a subscription/key that is not there
     "method_not_allowed": 405,
     "body_too_large": 413,
     "unsupported_media_type": 415,
     "validation_error": 422,  # the JSON does not fit the operation's schema
+    "server_busy": 503,  # too many streams, long polls and blocked sends at once
+    "room_secret_missing": 503,  # a room made with secret= this server was not given
 }
 
 

@@ -26,7 +26,17 @@ exception escaping the app stores nothing and releases the key, so a retry runs 
 Streamed responses are passed through as they come and stored whole up to
 ``max_response_bytes``; a larger one is not stored, yet its key is completed (the work
 is not run again): a repeat gets ``409`` saying the response was too large to keep.
-The request body is read whole before the app runs (its hash is the fingerprint).
+The request body is read whole before the app runs (its hash is the fingerprint), up to
+``max_body`` bytes (by default ``fairq serve``'s own limit, 25 MiB): a larger one is
+refused with ``413`` from its ``Content-Length``, or as soon as the bytes read pass the
+limit — never buffered whole.
+
+Keys belong to a client. By default a key is scoped by the credentials the request
+carries (a hash of its ``Authorization``, ``X-API-Key`` and ``Cookie`` headers), so the
+same key sent with other credentials is another key and never replays the first
+client's response; ``partition(scope)`` names the owner instead (say, the authenticated
+account, which survives a rotated session cookie). ``Set-Cookie`` is never stored nor
+replayed: a cookie is for the client it was set for, not for whoever repeats the key.
 """
 
 from __future__ import annotations
@@ -43,7 +53,7 @@ from ..errors import FairqError, InvalidName, InvalidOption
 from ..idempotency import Claim, IdempotencyRecord, IdempotencyStore
 from ..message import check_key
 
-__all__ = ["ASGIApp", "IdempotencyMiddleware", "Receive", "Scope", "Send"]
+__all__ = ["MAX_BODY", "ASGIApp", "IdempotencyMiddleware", "Receive", "Scope", "Send"]
 
 log = logging.getLogger("fairq.http")
 
@@ -54,6 +64,13 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 REPLAYED = (b"idempotent-replayed", b"true")
+#: the default most bytes of a request body buffered: ``fairq serve``'s default body limit
+#: (the largest message, 256 KiB, times the largest batch, 100)
+MAX_BODY = 262_144 * 100
+# request headers that say who the client is: the default partition of the keys
+_CREDENTIALS = (b"authorization", b"x-api-key", b"cookie")
+# response headers never stored nor replayed: they belong to the first client only
+_NOT_REPLAYED = frozenset({"set-cookie", "set-cookie2"})
 # server push extensions whose bodies never pass through ``send``: hidden from the app of
 # a claimed request so that its response can be captured
 _HIDDEN_EXTENSIONS = ("http.response.pathsend", "http.response.zerocopysend")
@@ -114,8 +131,9 @@ class _Capture:
     def start(self, message: Message) -> None:
         self.status = int(message["status"])
         self.headers = [
-            [bytes(k).decode("latin-1"), bytes(v).decode("latin-1")]
+            [name, bytes(v).decode("latin-1")]
             for k, v in message.get("headers", ())
+            if (name := bytes(k).decode("latin-1")).lower() not in _NOT_REPLAYED
         ]
 
     def chunk(self, data: bytes) -> None:
@@ -141,8 +159,12 @@ class IdempotencyMiddleware:
     ``ttl``. ``methods`` are the methods the header applies to (others pass through);
     ``lease`` is how long a crashed server's claim blocks its key (a running request keeps
     extending it); ``partition(scope)`` names whose key it is (say, the authenticated
-    account), so that one client can never replay another's response with a guessed key.
-    ``docs_url`` is linked from error answers (problem ``type`` and a ``Link`` header).
+    account), so that one client can never replay another's response with a guessed key
+    — by default, and when it returns None, the hash of the request's credentials
+    (``Authorization``, ``X-API-Key``, ``Cookie``; requests with none share one space).
+    ``max_body``: the largest request body read (``413`` beyond; default 25 MiB, as
+    ``fairq serve``). ``docs_url`` is linked from error answers (problem ``type`` and a
+    ``Link`` header).
     """
 
     def __init__(
@@ -157,6 +179,7 @@ class IdempotencyMiddleware:
         max_response_bytes: int = 1_048_576,
         store_response: Callable[[int], bool] | None = None,
         partition: Callable[[Scope], str | None] | None = None,
+        max_body: int = MAX_BODY,
         docs_url: str | None = None,
     ) -> None:
         if not isinstance(store, IdempotencyStore) and not callable(store):
@@ -173,6 +196,8 @@ class IdempotencyMiddleware:
             raise InvalidOption(
                 f"max_response_bytes must be an integer >= 0, got {max_response_bytes!r}"
             )
+        if isinstance(max_body, bool) or not isinstance(max_body, int) or max_body < 0:
+            raise InvalidOption(f"max_body must be an integer >= 0, got {max_body!r}")
         if isinstance(lease, bool) or not isinstance(lease, int | float) or not lease > 0:
             raise InvalidOption(f"lease must be a number of seconds > 0, got {lease!r}")
         self.app = app
@@ -186,6 +211,7 @@ class IdempotencyMiddleware:
         self.max_response_bytes = max_response_bytes
         self.store_response = store_response
         self.partition = partition
+        self.max_body = max_body
         self.docs_url = docs_url
 
     @property
@@ -234,13 +260,24 @@ class IdempotencyMiddleware:
                 send, 400, "idempotency_key_invalid", f"{self.header} is invalid", str(exc)
             )
             return
-        body = await _read_body(receive)
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_body:
+            await self._too_large(send, f"{declared} bytes")
+            return
+        body = await _read_body(receive, self.max_body)
         if body is None:
             return  # the client left before its request was complete: nothing to run
-        if self.partition is not None:
-            owner = self.partition(scope)
-            if owner is not None:
-                key = "p:" + hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
+        if body is _TOO_LARGE:
+            await self._too_large(send, "more")
+            return
+        assert isinstance(body, bytes)
+        owner = self.partition(scope) if self.partition is not None else None
+        if owner is not None:
+            key = "p:" + hashlib.sha256(f"{owner}\0{key}".encode()).hexdigest()
+        else:
+            credentials = _credentials(scope)
+            if credentials is not None:
+                key = "c:" + hashlib.sha256(credentials + b"\0" + key.encode()).hexdigest()
         fp = fingerprint(scope["method"], scope["path"], scope.get("query_string", b""), body)
         got = await self.store.try_claim(key, self.lease, fingerprint=fp)
         if isinstance(got, Claim):
@@ -355,10 +392,25 @@ class IdempotencyMiddleware:
                 "to keep; it will not run again — read the result from its resource instead",
             )
             return
-        headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in head["headers"]]
+        headers = [
+            (k.encode("latin-1"), v.encode("latin-1"))
+            for k, v in head["headers"]
+            if k.lower() not in _NOT_REPLAYED  # kept by a version that stored them
+        ]
         headers.append(REPLAYED)
         await send({"type": "http.response.start", "status": head["status"], "headers": headers})
         await send({"type": "http.response.body", "body": content, "more_body": False})
+
+    async def _too_large(self, send: Send, size: str) -> None:
+        await self._problem(
+            send,
+            413,
+            "body_too_large",
+            "The request body is too large",
+            f"the request body is {size}; requests with an {self.header} may carry at most "
+            f"{self.max_body} bytes",
+            [(b"connection", b"close")],  # the rest of the body is never read
+        )
 
     async def _problem(
         self,
@@ -389,15 +441,45 @@ class IdempotencyMiddleware:
         await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-async def _read_body(receive: Receive) -> bytes | None:
-    """The whole request body, or None if the client disconnected first."""
+_TOO_LARGE = object()
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+def _credentials(scope: Scope) -> bytes | None:
+    """A digest of the credentials a request carries (None: it carries none)."""
+    found = [(k, bytes(v)) for k, v in scope.get("headers", ()) if k in _CREDENTIALS]
+    if not found:
+        return None
+    h = hashlib.sha256()
+    for name, value in sorted(found):
+        h.update(name + b":" + value + b"\n")
+    return h.digest()
+
+
+async def _read_body(receive: Receive, limit: int) -> bytes | object | None:
+    """The whole request body; None if the client disconnected first; ``_TOO_LARGE`` as
+    soon as more than ``limit`` bytes have come (the rest is not read)."""
     chunks: list[bytes] = []
+    size = 0
     while True:
         message = await receive()
         kind = message["type"]
         if kind == "http.disconnect":
             return None
         if kind == "http.request":
-            chunks.append(message.get("body", b""))
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                return _TOO_LARGE
+            chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)

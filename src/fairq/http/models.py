@@ -237,6 +237,14 @@ class PrefixQuery(Query):
     prefix: Annotated[str, Meta(max_length=200)] = ""
 
 
+class QueueListQuery(PrefixQuery):
+    """One page of queues: at most ``limit``, by name, after ``cursor`` (the previous
+    page's ``next_cursor``)."""
+
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 100
+    cursor: Annotated[str, Meta(max_length=200)] | None = None
+
+
 class PeekQuery(Query):
     limit: Annotated[int, Meta(ge=1, le=1000)] = 10
 
@@ -281,7 +289,10 @@ class QueueInfo(Struct, kw_only=True):
 
 
 class QueueList(Struct):
+    """A page of queues; ``next_cursor`` (null on the last page) asks for the next."""
+
     queues: list[QueueInfo]
+    next_cursor: str | None = None
 
 
 class Ids(Struct):
@@ -414,6 +425,9 @@ class History(Struct, kw_only=True):
 
 
 class Health(Struct):
+    """``backend``: the backend's kind, or its URL (password masked) for a caller with a
+    valid key (or any caller of a server without keys)."""
+
     status: str
     backend: str
 

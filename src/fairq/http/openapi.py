@@ -19,6 +19,7 @@ from .. import __version__
 from . import models as m
 from .api import PATH_PARAMS, ROUTES, Limits, Route
 from .errors import PROTOCOL_ERRORS
+from .waiting import may_wait
 
 __all__ = ["markdown", "openapi"]
 
@@ -29,11 +30,12 @@ _STATUS_TEXT = {
     400: "Malformed request (bad JSON, bad name or receipt)",
     401: "No API key, or an unknown one",
     403: "The API key lacks the scope",
-    404: "No such queue, topic, domain, subscription, key or route",
+    404: "No such queue, topic, domain, subscription, key, room or route",
     409: "Conflicts with the current state (lease lost, option that cannot change)",
     413: "Request body or message too large",
     422: "Well-formed but not acceptable (schema, option or filter)",
     429: "A bounded queue is full; retry later",
+    503: "Too many requests wait at once (streams, long polls, blocked sends); retry later",
 }
 _SCOPE_TEXT = {
     "admin": "`admin`",
@@ -46,17 +48,37 @@ _TAGS = {
     "queues": "Durable work queues: send, receive under a lease, ack, dead letters.",
     "topics": "Publish/subscribe: subscriptions are queues; streams are ephemeral.",
     "attention": "Attention domains: fair on-demand consumption of many per-key queues.",
+    "rooms": "Waiting rooms: set-up and admission control, and fans joined by your app.",
+    "idempotency": "Idempotency keys (claim, complete, release) and version gates.",
     "dashboard": "What the dashboard shows: the sampler's rates and history.",
     "server": "Health and metrics.",
 }
+
+
+_IDEMPOTENCY_KEY: dict[str, Any] = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": "a unique value per operation (a UUID fits), repeated on every retry",
+    "schema": {"type": "string", "pattern": m.KEY_PATTERN},
+}
+_IDEMPOTENT_TEXT = (
+    "With an `Idempotency-Key` header (SPEC §7) the first request runs and its answer is "
+    "kept for 24 h (except a 429 or 503, which stored nothing): a repeat with the same "
+    "key and the same request (method, path, body) gets that answer again with "
+    "`Idempotent-Replayed: true`; the same key with a different request answers 422 "
+    "`idempotency_key_reused`, and while the first still runs 409 `idempotency_key_in_use` "
+    "(with `Retry-After`). Keys belong to the API key that sent them."
+)
 
 
 def _query_parameters(query: type) -> list[dict[str, Any]]:
     schema = msgspec.json.schema(query)
     defs = schema.get("$defs", {})
     body = defs.get(query.__name__, schema)
+    required = set(body.get("required", ()))
     return [
-        {"name": name, "in": "query", "required": False, "schema": prop}
+        {"name": name, "in": "query", "required": name in required, "schema": prop}
         for name, prop in body.get("properties", {}).items()
     ]
 
@@ -81,10 +103,14 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
         )
     if route.query is not None:
         params.extend(_query_parameters(route.query))
+    if route.idempotent:
+        params.append(_IDEMPOTENCY_KEY)
     scope = {"read": "any valid key", "public": "none, no key needed"}.get(
         route.scope, f"`{route.scope}` (or `admin`)"
     )
     description = route.description
+    if route.idempotent:
+        description = f"{description}\n\n{_IDEMPOTENT_TEXT}".strip()
     if auth:
         description = f"{description}\n\nScope: {scope}.".strip()
     op: dict[str, Any] = {
@@ -110,6 +136,8 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
         errors |= {422}
     if route.path_params:
         errors |= {400}
+    if may_wait(route.stream, route.body):
+        errors |= {503}
     secured = auth and route.scope != "public"
     if secured:
         errors |= {401, 403}
@@ -132,11 +160,20 @@ def _operation(route: Route, auth: bool) -> dict[str, Any]:
             "description": _STATUS_TEXT[route.status],
             "content": {media: {"schema": schema}},
         }
-    for status in sorted(errors):
-        responses[str(status)] = {
-            "description": _STATUS_TEXT[status],
-            "content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}},
+    if route.idempotent:
+        responses[str(route.status)]["headers"] = {
+            "Idempotent-Replayed": {
+                "description": "`true` on a replayed answer",
+                "schema": {"type": "string", "enum": ["true"]},
+            }
         }
+    error = {"schema": {"$ref": _REF.format(name="Error")}}
+    for status in sorted(errors):
+        content = {"application/json": error}
+        if route.idempotent and status in (400, 409, 422):
+            # the middleware's answers about the key are problem details (RFC 9457)
+            content["application/problem+json"] = error
+        responses[str(status)] = {"description": _STATUS_TEXT[status], "content": content}
     op["responses"] = responses
     if auth:
         op["security"] = [{"bearer": []}, {"apiKey": []}] if secured else []
@@ -181,7 +218,8 @@ def openapi(limits: Limits | None = None, auth: bool = False) -> dict[str, Any]:
             "title": "fairq",
             "version": __version__,
             "description": (
-                "The REST API of `fairq serve`: queues, topics and attention domains. "
+                "The REST API of `fairq serve`: queues, topics, attention domains, waiting "
+                "rooms, idempotency keys and version gates. "
                 'Errors are `{"error": code, "detail": text}`; codes: '
                 + ", ".join(
                     f"`{c}` ({s})"

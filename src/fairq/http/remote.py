@@ -61,6 +61,10 @@ def _outgoing(m: Outgoing, topic: bool = False) -> dict[str, Any]:
     return out
 
 
+def _key_header(idempotency_key: str | None) -> dict[str, str] | None:
+    return None if idempotency_key is None else {"Idempotency-Key": idempotency_key}
+
+
 def dataclass_from(cls: Any, data: Mapping[str, Any]) -> Any:
     known = {f.name for f in fields(cls)}
     return cls(**{k: v for k, v in data.items() if k in known})
@@ -125,8 +129,12 @@ class RemoteQueue(_RemoteHandle):
 
     __slots__ = ()
 
-    async def _post(self, op: str, body: Any, wait: float = 0.0) -> Any:
-        return await self._client.request("POST", f"/v1/queues/{self.name}/{op}", body, wait=wait)
+    async def _post(
+        self, op: str, body: Any, wait: float = 0.0, headers: Mapping[str, str] | None = None
+    ) -> Any:
+        return await self._client.request(
+            "POST", f"/v1/queues/{self.name}/{op}", body, wait=wait, headers=headers
+        )
 
     async def send(
         self,
@@ -137,22 +145,33 @@ class RemoteQueue(_RemoteHandle):
         group: str | None = None,
         dedup_id: str | None = None,
         timeout: float | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> str:
         """Store one message; its id."""
         (mid,) = await self.send_batch(
-            [Outgoing(body, attributes, delay, priority, group, dedup_id)], timeout
+            [Outgoing(body, attributes, delay, priority, group, dedup_id)],
+            timeout,
+            idempotency_key=idempotency_key,
         )
         return mid
 
     async def send_batch(
-        self, messages: Iterable[Outgoing], timeout: float | None = None
+        self,
+        messages: Iterable[Outgoing],
+        timeout: float | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> list[str]:
-        """Store all messages or none; their ids in order."""
+        """Store all messages or none; their ids in order. With ``idempotency_key`` a retry
+        of the same batch gets the first answer back and stores nothing again."""
         items = [_outgoing(m) for m in messages]
         if not items:
             return []
         body = {"messages": items, "timeout": timeout or 0.0}
-        data = await self._post("messages", body, wait=timeout or 0.0)
+        data = await self._post(
+            "messages", body, wait=timeout or 0.0, headers=_key_header(idempotency_key)
+        )
         return list(data["ids"])
 
     async def receive(
@@ -247,18 +266,26 @@ class RemoteTopic(_RemoteHandle):
         dedup_id: str | None = None,
         delay: float = 0.0,
         timeout: float | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> PublishResult:
         """Copy a message into every matching subscription (all or none)."""
         (result,) = await self.publish_batch(
             [Outgoing(body, attributes, delay=delay, dedup_id=dedup_id, routing_key=routing_key)],
             timeout,
+            idempotency_key=idempotency_key,
         )
         return result
 
     async def publish_batch(
-        self, messages: Iterable[Outgoing], timeout: float | None = None
+        self,
+        messages: Iterable[Outgoing],
+        timeout: float | None = None,
+        *,
+        idempotency_key: str | None = None,
     ) -> list[PublishResult]:
-        """Publish many messages in one atomic step."""
+        """Publish many messages in one atomic step (``idempotency_key``: as for
+        :meth:`RemoteQueue.send_batch`)."""
         items = [_outgoing(m, topic=True) for m in messages]
         if not items:
             return []
@@ -267,6 +294,7 @@ class RemoteTopic(_RemoteHandle):
             f"/v1/topics/{self.name}/messages",
             {"messages": items, "timeout": timeout or 0.0},
             wait=timeout or 0.0,
+            headers=_key_header(idempotency_key),
         )
         return [
             PublishResult(r["message_id"], r["subscriptions"], r.get("duplicate", False))

@@ -24,7 +24,8 @@ Routes (``{room}`` is a room's name):
 
 Every answer is ``Cache-Control: no-store`` except the JWKS. Errors are JSON ``{"error",
 "detail"}``: ``404`` no such room, ``400`` a ticket the room never issued, ``429`` too many
-joins, ``403`` a failed challenge, ``503`` the backend failed.
+joins, ``403`` a failed challenge, ``503`` the backend failed, or the room was made with a
+``secret=`` these routes were not given (``room_secret_missing``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,15 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from ..broker import Broker, connect
-from ..errors import BackendError, FairqError, InvalidName, InvalidTicket, RoomNotFound
+from ..errors import (
+    BackendError,
+    ConfigConflict,
+    FairqError,
+    InvalidName,
+    InvalidOption,
+    InvalidTicket,
+    RoomNotFound,
+)
 from ..message import check_key, check_name
 from ..waitingroom import Status, Ticket, WaitingRoom, refresh_interval
 from .admission import ADMISSION_COOKIE
@@ -59,6 +68,7 @@ __all__ = [
     "FAN_COOKIE",
     "TICKET_COOKIE",
     "ClientLimiter",
+    "RoomSecretMissing",
     "rooms_app",
     "rooms_routes",
 ]
@@ -130,8 +140,43 @@ def _wants_json(request: Request) -> bool:
     return not kind.startswith(("application/x-www-form-urlencoded", "multipart/form-data"))
 
 
+class RoomSecretMissing(Exception):
+    """This server cannot serve a room: it was made with ``secret=``, and the server has
+    no secret for it, or another one (a configuration problem, not bad input)."""
+
+    def __init__(self, room: str, wrong: bool) -> None:
+        what = "another secret than the one" if wrong else "no secret; it"
+        super().__init__(
+            f"waiting room {room!r} was created with secret=, and this server has {what} "
+            "signs with: give the server the room's secret (fairq serve: "
+            f"FAIRQ_ROOM_SECRETS='{room}=<secret>', or '*=<secret>' for every room; an app: "
+            "rooms_routes(secrets={...}))"
+        )
+        self.room = room
+        self.wrong = wrong
+
+
+async def open_room(broker: Broker, name: str, secrets_: Mapping[str, bytes]) -> WaitingRoom:
+    """The handle of room ``name`` with its signing key: from the backend for a room made
+    without ``secret=``, else from ``secrets_`` (room name, or ``"*"``, → secret);
+    ``RoomSecretMissing`` when this server cannot sign for it."""
+    secret = secrets_.get(name)
+    if secret is None:
+        try:
+            return await broker.room(name)
+        except InvalidOption:  # made with secret=: only the given secret opens it
+            secret = secrets_.get("*")
+            if secret is None:
+                raise RoomSecretMissing(name, wrong=False) from None
+    try:
+        return await broker.room(name, secret)
+    except ConfigConflict:
+        raise RoomSecretMissing(name, wrong=True) from None
+
+
 class _Rooms:
-    """Room handles by name, reused for a few seconds (opening one derives its keys)."""
+    """Room handles by name, reused for a few seconds (opening one derives its keys).
+    ``secrets_``: room name → secret, ``"*"`` for every room made with a secret."""
 
     def __init__(self, broker: BrokerSource, secrets_: Mapping[str, bytes]) -> None:
         self._broker = broker
@@ -153,7 +198,7 @@ class _Rooms:
             found = self._handles.get(name)
             if found is not None and not fresh and time.monotonic() - found[1] < _HANDLE_TTL:
                 return found[0]
-            room = await self.broker(request).room(name, self._secrets.get(name))
+            room = await self._open(self.broker(request), name)
             old = found[0] if found is not None else None
             if old is not None and old.record.created_at == room.record.created_at:
                 room = old  # the same room: keep the handle (and its derived keys)
@@ -161,6 +206,9 @@ class _Rooms:
             if len(self._handles) > 1000:
                 self._handles.pop(next(iter(self._handles)))
             return room
+
+    async def _open(self, broker: Broker, name: str) -> WaitingRoom:
+        return await open_room(broker, name, self._secrets)
 
 
 def _page_template() -> Template:
@@ -199,7 +247,9 @@ def rooms_routes(
     """The waiting-room routes (see the module docstring) for a Starlette app.
 
     ``broker``: the broker, or a function of the request returning it (for an app that
-    connects at start-up). ``secrets``: room name → secret, for rooms made with one.
+    connects at start-up). ``secrets``: room name → secret, for rooms made with one
+    (``"*"``: the secret of every room made with one and not named); a room made with a
+    secret the routes do not have answers ``503 room_secret_missing``, saying so.
     ``identify``: who the fan is (a string, None: not signed in → 401); default: an
     anonymous id in a cookie. ``challenge``: False refuses a join (403); its widget goes in
     the page's form as ``challenge_html`` (trusted HTML). ``join_rate``/``join_burst``:
@@ -294,6 +344,9 @@ def rooms_routes(
         except BackendError as exc:
             log.error("%s %s failed: %s", request.method, request.url.path, exc)
             return _error(503, "backend_error", str(exc), {"Retry-After": "1"})
+        except RoomSecretMissing as exc:
+            log.warning("%s", exc)
+            return _error(503, "room_secret_missing", str(exc))
         except FairqError as exc:
             return _error(422, "invalid", str(exc))
 

@@ -2,18 +2,27 @@
 :func:`serve`).
 
 API keys come from ``FAIRQ_API_KEYS`` (see :mod:`fairq.http.auth`); without keys the
-server refuses any address but loopback, and says why.
+server refuses any address but loopback, and says why, and answers only to loopback
+``Host`` names and ``allowed_hosts`` (:mod:`fairq.http.guard`).
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 import logging
+import re
 from dataclasses import dataclass
 
+from ..errors import InvalidOption
+from ..message import check_name
 from .api import Limits
 from .auth import KeyRing, check_bind
+from .session import SESSION_TTL, Sessions
+from .waiting import MAX_WAITING, WaitSlots
 
-__all__ = ["ServeOptions", "serve"]
+__all__ = ["ServeOptions", "parse_hosts", "parse_room_secrets", "serve"]
 
 log = logging.getLogger("fairq.http")
 
@@ -34,12 +43,77 @@ class ServeOptions:
     reconcile_interval: float = 30.0
     log_level: str = "info"
     access_log: bool = False
+    #: ``Host`` names answered besides the loopback ones (``FAIRQ_ALLOWED_HOSTS``)
+    allowed_hosts: tuple[str, ...] = ()
+    #: whose ``X-Forwarded-For``/``-Proto`` to believe (uvicorn's default: 127.0.0.1)
+    forwarded_allow_ips: str | None = None
+    #: signs the dashboard's sessions (``FAIRQ_SESSION_SECRET``; None: drawn at start)
+    session_secret: str | None = None
+    session_ttl: float = SESSION_TTL
+    #: the most streams, long polls and blocked sends at once
+    max_waiting: int = MAX_WAITING
+    #: ``FAIRQ_ROOM_SECRETS``: the secrets of rooms made with ``secret=``
+    room_secrets: str | None = None
+
+
+def parse_hosts(text: str | None) -> tuple[str, ...]:
+    """The host names of ``FAIRQ_ALLOWED_HOSTS``: separated by commas or white space."""
+    return tuple(h for h in re.split(r"[,\s]+", text or "") if h)
+
+
+def _secret_bytes(text: str) -> bytes | None:
+    """The 32 bytes a secret spells: 64 hex digits, base64 (standard or URL-safe, padding
+    optional), or 32 bytes of text as ``secret=`` takes a str — none of them ambiguous."""
+    if len(text) == 64:
+        with contextlib.suppress(ValueError):
+            return bytes.fromhex(text)
+    if len(text) in (43, 44):
+        standard = text.replace("-", "+").replace("_", "/")
+        with contextlib.suppress(ValueError, binascii.Error):
+            raw = base64.b64decode(standard + "=" * (-len(standard) % 4), validate=True)
+            if len(raw) == 32:
+                return raw
+    raw = text.encode()
+    return raw if len(raw) == 32 else None
+
+
+def parse_room_secrets(text: str | None) -> dict[str, bytes]:
+    """The ``FAIRQ_ROOM_SECRETS`` format: entries separated by commas or newlines, each
+    ``ROOM=SECRET`` (``*=SECRET``: every room made with a secret and not named); SECRET as
+    ``_secret_bytes`` reads it. ``InvalidOption`` names a bad entry, never its secret."""
+    out: dict[str, bytes] = {}
+    for n, raw in enumerate(re.split(r"[,\n]", text or ""), 1):
+        entry = raw.strip()
+        if not entry:
+            continue
+        room, sep, secret_text = entry.partition("=")
+        room = room.strip()
+        if not sep or not room:  # the entry itself is not shown: it may hold a secret
+            raise InvalidOption(f"FAIRQ_ROOM_SECRETS: entry {n} is not ROOM=SECRET")
+        if room != "*":
+            check_name(room, "waiting room")
+        secret = _secret_bytes(secret_text.strip())
+        if secret is None:
+            raise InvalidOption(
+                f"FAIRQ_ROOM_SECRETS: the secret of {room!r} must be 32 bytes: 64 hex "
+                "digits, base64 of 32 bytes, or 32 characters of text"
+            )
+        if room in out:
+            raise InvalidOption(f"FAIRQ_ROOM_SECRETS names {room!r} twice")
+        out[room] = secret
+    return out
 
 
 def prepare(options: ServeOptions) -> KeyRing:
     """Parse the keys and check the address; raise ``InvalidOption`` saying what is wrong."""
     keys = KeyRing.parse(options.api_keys)
     check_bind(options.host, keys)
+    Sessions(options.session_secret, options.session_ttl)  # its options are checked here
+    try:
+        WaitSlots(options.max_waiting)
+    except ValueError as exc:
+        raise InvalidOption(str(exc)) from None
+    parse_room_secrets(options.room_secrets)
     return keys
 
 
@@ -59,6 +133,11 @@ def serve(options: ServeOptions) -> None:
         sample_interval=options.sample_interval,
         workers=options.workers,
         reconcile_interval=options.reconcile_interval,
+        allowed_hosts=options.allowed_hosts,
+        session_secret=options.session_secret,
+        session_ttl=options.session_ttl,
+        max_waiting=options.max_waiting,
+        room_secrets=parse_room_secrets(options.room_secrets),
     )
     config = uvicorn.Config(
         app,
@@ -68,5 +147,6 @@ def serve(options: ServeOptions) -> None:
         access_log=options.access_log,
         timeout_graceful_shutdown=3,
         server_header=False,
+        forwarded_allow_ips=options.forwarded_allow_ips,
     )
     uvicorn.Server(config).run()

@@ -4,6 +4,7 @@ options, a slice (a worker's turn on one key), key states and the counters."""
 from __future__ import annotations
 
 import math
+import string
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -16,6 +17,7 @@ __all__ = [
     "ATTENTION_COUNTERS",
     "DEFAULT_PLANS",
     "DROPPING_STATES",
+    "LONGEST_KEY",
     "PARKING_STATES",
     "RESOURCE_STATES",
     "AttentionConfig",
@@ -24,6 +26,7 @@ __all__ = [
     "Plan",
     "ResourceState",
     "Slice",
+    "check_work_queue",
 ]
 
 
@@ -115,6 +118,44 @@ DEFAULT_PLANS = {
 }
 
 
+#: the longest attention key (``message.check_key``): what a work queue name must fit
+LONGEST_KEY = 100
+
+
+def check_work_queue(template: object, domain: str) -> None:
+    """Raise ``InvalidOption`` unless ``template`` is a work queue template of ``domain``:
+    text with plain ``{domain}`` and ``{key}`` fields only — no format spec, conversion,
+    index or other name, since ``str.format`` would obey ``{key:x>99999999999}`` and
+    allocate that much — that contains ``{key}`` and makes a valid queue name for the
+    longest key (100 characters)."""
+    if not isinstance(template, str):
+        raise InvalidOption(f"work_queue must be a string, got {template!r}")
+    example = "'process.{domain}.{key}.work'"
+    try:
+        fields = [
+            (name, spec, conversion)
+            for _, name, spec, conversion in string.Formatter().parse(template)
+            if name is not None
+        ]
+    except ValueError as exc:  # a lone brace
+        raise InvalidOption(f"work_queue {template!r} is not a template ({exc})") from None
+    for name, spec, conversion in fields:
+        if name not in ("domain", "key") or spec or conversion:
+            raise InvalidOption(
+                f"work_queue {template!r} may use only plain {{domain}} and {{key}} fields "
+                f"(no format spec or conversion), e.g. {example}"
+            )
+    if not any(name == "key" for name, _, _ in fields):
+        raise InvalidOption(f"work_queue must contain {{key}}, e.g. {example}")
+    longest = template.format(domain=domain, key="k" * LONGEST_KEY)
+    if len(longest) > 200:
+        raise InvalidOption(
+            f"work_queue {template!r} makes names of {len(longest)} characters for the "
+            f"longest keys ({LONGEST_KEY}) of domain {domain!r}; queue names have at most 200"
+        )
+    check_name(longest, "work queue")
+
+
 @dataclass(frozen=True, slots=True)
 class AttentionConfig:
     """The options of an attention domain (see ``Broker.declare_attention``)."""
@@ -138,14 +179,7 @@ class AttentionConfig:
                 f"default_plan {self.default_plan!r} is not one of the plans: "
                 f"{', '.join(self.plans)}"
             )
-        if "{key}" not in self.work_queue:
-            raise InvalidOption("work_queue must contain {key}, e.g. 'process.{domain}.{key}.work'")
-        try:
-            check_name(self.work_queue.format(domain=domain, key="k"), "work queue")
-        except (KeyError, IndexError, ValueError) as exc:
-            raise InvalidOption(
-                f"work_queue {self.work_queue!r} may use only {{domain}} and {{key}}"
-            ) from exc
+        check_work_queue(self.work_queue, domain)
         if not _positive(self.slice_lease):
             raise InvalidOption("slice_lease must be a number of seconds > 0")
         queue_config_from_options(self.queue_for(domain, "k"), dict(self.queue_options))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import random
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
@@ -21,7 +20,15 @@ from ...errors import (
     QueueFull,
     QueueNotFound,
 )
-from ...message import Received, format_id, id_time, make_receipt, next_id_base, parse_receipt
+from ...message import (
+    Received,
+    format_id,
+    id_time,
+    make_receipt,
+    new_lease,
+    next_id_base,
+    parse_receipt,
+)
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..base import Backend
 from ..rules import (
@@ -96,7 +103,6 @@ class MemoryQueues(Backend):
         self._queues: dict[str, _Queue] = {}
         self._waiting: list[tuple[float, int, int, _Msg]] = []
         self._last_id = 0
-        self._rng = random.Random()
         self._closed = False
 
     async def close(self) -> None:
@@ -345,7 +351,7 @@ class MemoryQueues(Backend):
             if self._expired(m, now):
                 self._dead_letter(m, "expired", now)
                 continue
-            lease = self._rng.getrandbits(32) | 1
+            lease = new_lease()
             m.attempt += 1
             if m.attempt > 1:
                 q.counters["redelivered"] += 1

@@ -41,10 +41,9 @@ SELECT_READY = (
 _SWEEP_BATCH = 1000
 
 
-def _category(state: int, lease: int | None) -> str:
-    if state == WAITING:
-        return "delayed" if lease is None else "in_flight"
-    return "visible"
+def leased(r: Row, until: float, lease: int) -> Row:
+    """Row ``r`` as it is once leased until ``until`` under ``lease``."""
+    return (*r[:2], WAITING, r[3], until, r[ATTEMPT] + 1, lease, *r[7:])
 
 
 def attrs_of(blob: bytes | None) -> dict[str, str]:
@@ -74,7 +73,7 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
     caller inserts them, so copies for many queues can go in one statement."""
     now = t.now
     qid = q.id
-    ids = t.allocate(len(items))
+    ids = t.allocate(len(items), stored=True)
     rows = []
     visible = delayed = 0
     if not q.config.fifo:
@@ -181,12 +180,29 @@ def delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     right."""
     for chunk in chunks([r[ID] for r in rows]):
         t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk)
-    unref_bodies(t, Counter(r[BODY_REF] for r in rows if r[BODY_REF] is not None))
-    counts = {"visible": 0, "delayed": 0, "in_flight": 0}
+    deleted(t, q, rows)
+
+
+def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
+    """Messages of ``q`` were just deleted: keep counts, FIFO heads and shared bodies right."""
+    if not rows:
+        return
+    t.deleted(max(r[ID] for r in rows))
+    refs = [r[BODY_REF] for r in rows if r[BODY_REF] is not None]
+    if refs:
+        unref_bodies(t, Counter(refs))
+    visible = delayed = in_flight = 0
     for r in rows:
-        counts[_category(r[STATE], r[LEASE])] -= 1
-    for column, n in counts.items():
-        t.add(q.id, column, n)
+        if r[STATE] != WAITING:
+            visible -= 1
+        elif r[LEASE] is None:
+            delayed -= 1
+        else:
+            in_flight -= 1
+    qid = q.id
+    t.add(qid, "visible", visible)
+    t.add(qid, "delayed", delayed)
+    t.add(qid, "in_flight", in_flight)
     if q.config.fifo:
         for r in rows:
             if r[STATE] != BLOCKED and r[GRP] is not None:
@@ -264,6 +280,7 @@ def sweep(t: Txn) -> None:
             q = t.queue_by_id(r[QID])
             if q is None:  # queue deleted by an older fairq without its messages
                 conn.execute("DELETE FROM fairq_messages WHERE id = ?", (r[ID],))
+                t.deleted(r[ID])
                 continue
             cfg = q.config
             leased = r[LEASE] is not None
@@ -316,6 +333,32 @@ def current_leases(
         elif mid not in taken:
             taken.add(mid)
             rows.append(row)
+    return rows, lost
+
+
+def take_leases(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[list[Row], list[str]]:
+    """Delete the messages whose current lease is named by ``receipts`` (one ``DELETE ...
+    RETURNING`` per lease token, no read first); return their rows (without body and
+    attributes) and the receipts that named no current lease. The caller calls
+    :func:`deleted` with the rows."""
+    parsed = [parse_receipt(r) for r in receipts]
+    by_lease: dict[int, list[int]] = {}
+    for mid, lease in parsed:
+        by_lease.setdefault(lease, []).append(mid)
+    now = t.now
+    qid = q.id
+    rows: list[Row] = []
+    gone: set[tuple[int, int]] = set()
+    for lease, ids in by_lease.items():
+        for chunk in chunks(ids):
+            for row in t.conn.execute(
+                f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))}) AND lease = ? "
+                f"AND queue_id = ? AND avail_at > ? RETURNING {_LEASE_COLS}",
+                (*chunk, lease, qid, now),
+            ):
+                rows.append(row)
+                gone.add((row[ID], lease))
+    lost = [r for r, p in zip(receipts, parsed, strict=True) if p not in gone]
     return rows, lost
 
 
@@ -387,7 +430,7 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
         refs = dict(zip(shared, ref_ids, strict=True))
     rows: list[Row] = []
     now = t.now
-    ids = iter(t.allocate(sum(len(indices) for _, indices in targets)))
+    ids = iter(t.allocate(sum(len(indices) for _, indices in targets), stored=True))
     for q, indices in targets:
         if q.config.fifo:
             items = [(copies[i].body, blobs[i], copies[i].delay, 0, None) for i in indices]

@@ -9,7 +9,6 @@ message states mean, in ``schema.sql``.
 from __future__ import annotations
 
 import math
-import random
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -27,6 +26,11 @@ from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 SCHEMA_VERSION = 7
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
+# the greatest id handed out so far, as far as the file remembers it (see Store)
+_LAST_ID = (
+    "SELECT (SELECT value FROM fairq_meta WHERE key = 'last_id'), "
+    "coalesce((SELECT max(id) FROM fairq_messages), 0)"
+)
 
 
 def marks(n: int, _cache: dict[int, str] = {}) -> str:  # noqa: B006 - deliberate memo
@@ -130,6 +134,12 @@ class Store:
     While no other connection commits (``PRAGMA data_version`` unchanged), the queue
     cache, the last message id and the earliest due time stay true, which saves a few
     statements per transaction; any commit elsewhere makes the next transaction re-read.
+
+    Ids are never handed out twice. The last one is not written on every send: a new id
+    is above every id still stored in ``fairq_messages`` (its greatest rowid is one probe)
+    and above ``fairq_meta.last_id``, which is only brought up to date by a transaction
+    that deletes a message above it (or hands out ids that no message row keeps, as a
+    publish does), so a deleted message's id cannot come back either.
     """
 
     def __init__(self) -> None:
@@ -139,9 +149,9 @@ class Store:
         self.domains: dict[str, DomainRow] = {}
         self.config_version = -1
         self.last_id: int | None = None
+        self.saved_id: int | None = None  # fairq_meta.last_id as last read or written
         self.due = -math.inf  # earliest avail_at of a waiting row, -inf: unknown
         self.data_version: int | None = None
-        self.rng = random.Random()
 
     def forget_queues(self) -> None:
         """Forget the cached queue and topic definitions."""
@@ -155,8 +165,22 @@ class Store:
         """Trust nothing cached (after a rolled-back transaction)."""
         self.forget_queues()
         self.last_id = None
+        self.saved_id = None
         self.due = -math.inf
         self.data_version = None
+
+
+_COUNTER_SQL: dict[tuple[str, ...], str] = {}
+
+
+def _counter_sql(columns: tuple[str, ...]) -> str:
+    """The UPDATE that adds deltas to these counters of one queue (one SQL text per set of
+    columns, so the connection's statement cache keeps each prepared)."""
+    sql = _COUNTER_SQL.get(columns)
+    if sql is None:
+        sets = ", ".join(f"{c} = {c} + ?" for c in columns)
+        sql = _COUNTER_SQL[columns] = f"UPDATE fairq_queues SET {sets} WHERE id = ?"
+    return sql
 
 
 class Txn:
@@ -178,6 +202,7 @@ class Txn:
             # another connection committed: its ids, delays and leases are unknown here
             store.data_version = data_version
             store.last_id = None
+            store.saved_id = None
             store.due = -math.inf
             (version,) = conn.execute(
                 "SELECT value FROM fairq_meta WHERE key = 'config_version'"
@@ -187,17 +212,31 @@ class Txn:
                 store.config_version = version
 
     # -- ids ---------------------------------------------------------------------------
-    def allocate(self, n: int) -> range:
+    def _read_last_id(self) -> int:
+        store = self.store
+        saved, top = self.conn.execute(_LAST_ID).fetchone()
+        store.saved_id = int(saved)
+        store.last_id = max(int(saved), int(top))
+        return store.last_id
+
+    def allocate(self, n: int, stored: bool = False) -> range:
+        """``n`` new ids, in order. ``stored``: the caller stores each as a
+        ``fairq_messages`` row in this transaction, so nothing else need remember them."""
         store = self.store
         last = store.last_id
         if last is None:
-            (last,) = self.conn.execute(
-                "SELECT value FROM fairq_meta WHERE key = 'last_id'"
-            ).fetchone()
-        base = next_id_base(int(last), self.now)
+            last = self._read_last_id()
+        base = next_id_base(last, self.now)
         store.last_id = base + n - 1
-        self._last_id_dirty = True
+        if not stored:
+            self._last_id_dirty = True
         return range(base, base + n)
+
+    def deleted(self, top: int | None) -> None:
+        """Message rows up to id ``top`` were deleted (None: any id, e.g. a whole queue)."""
+        saved = self.store.saved_id
+        if top is None or saved is None or top > saved:
+            self._last_id_dirty = True
 
     def waiting_until(self, avail_at: float) -> None:
         """A row became waiting until ``avail_at``: the sweep must look again by then."""
@@ -215,22 +254,30 @@ class Txn:
     def flush(self) -> None:
         """Write this operation's counter deltas (inside its savepoint): one statement per
         set of counters, for however many queues changed them."""
+        deltas = self._deltas
+        if not deltas:
+            return
+        if len(deltas) == 1:
+            ((qid, d),) = deltas.items()
+            self.conn.execute(_counter_sql(tuple(d)), [*d.values(), qid])
+            deltas.clear()
+            return
         by_columns: dict[tuple[str, ...], list[list[int]]] = {}
-        for qid, d in self._deltas.items():
+        for qid, d in deltas.items():
             by_columns.setdefault(tuple(d), []).append([*d.values(), qid])
         for cols, rows in by_columns.items():
-            sets = ", ".join(f"{c} = {c} + ?" for c in cols)
-            sql = f"UPDATE fairq_queues SET {sets} WHERE id = ?"
+            sql = _counter_sql(cols)
             if len(rows) == 1:
                 self.conn.execute(sql, rows[0])
             else:
                 self.conn.executemany(sql, rows)
-        self._deltas.clear()
+        deltas.clear()
 
     def op_done(self) -> None:
         self.flush()
-        self.notify |= self.op_notify
-        self.op_notify.clear()
+        if self.op_notify:
+            self.notify |= self.op_notify
+            self.op_notify.clear()
 
     def op_failed(self) -> None:
         self._deltas.clear()
@@ -240,9 +287,12 @@ class Txn:
     def finish(self) -> None:
         """Last writes before COMMIT."""
         if self._last_id_dirty:
-            self.conn.execute(
-                "UPDATE fairq_meta SET value = ? WHERE key = 'last_id'", (self.store.last_id,)
-            )
+            store = self.store
+            last = store.last_id
+            if last is None:
+                last = self._read_last_id()
+            self.conn.execute("UPDATE fairq_meta SET value = ? WHERE key = 'last_id'", (last,))
+            store.saved_id = last
 
     # -- queues ------------------------------------------------------------------------
     def _load(self, row: Row | None) -> QueueRow | None:

@@ -1,0 +1,79 @@
+"""A cap on the requests that wait: topic streams (SSE), long polls and blocked sends.
+
+A waiting request costs the server almost nothing per second but holds a connection, a
+task and a waiter for up to 20 s (a stream: for as long as the client likes), and they
+all share one event loop: an outside review had 200 concurrent 2 s long polls take up to
+4 s. Past ``max_waiting`` (default 100 per server, ``--max-waiting``) a request that would
+wait is answered at once with ``503 server_busy`` and ``Retry-After: 1``; requests that do
+not wait (``wait`` 0, ``timeout`` 0, everything else) are never counted nor refused.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+__all__ = ["MAX_WAITING", "Holding", "WaitSlots", "may_wait", "waits"]
+
+#: the default most requests waiting at once in one server
+MAX_WAITING = 100
+# request body fields whose positive value makes a request wait (seconds)
+_WAIT_FIELDS = ("wait", "timeout")
+
+
+def may_wait(stream: bool, body: type | None) -> bool:
+    """True for operations that can wait: streams, and bodies with ``wait``/``timeout``."""
+    if stream:
+        return True
+    fields = getattr(body, "__struct_fields__", ())
+    return any(f in fields for f in _WAIT_FIELDS)
+
+
+def waits(stream: bool, body: Any) -> bool:
+    """True if this request waits: a stream, or a positive ``wait``/``timeout``."""
+    if stream:
+        return True
+    return any(isinstance(v := getattr(body, f, 0), int | float) and v > 0 for f in _WAIT_FIELDS)
+
+
+class WaitSlots:
+    """A count of the requests waiting now, at most ``limit`` (one event loop: no lock)."""
+
+    def __init__(self, limit: int = MAX_WAITING) -> None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"max_waiting must be an integer >= 1, got {limit!r}")
+        self.limit = limit
+        self.used = 0
+
+    def take(self) -> bool:
+        """Take a slot; False when all ``limit`` are taken."""
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def give(self) -> None:
+        """Give a slot back."""
+        self.used -= 1
+
+
+class Holding(Response):
+    """``response`` sent as it is, and ``release`` called once it is over — sent whole,
+    failed, or its client gone (a stream's slot is held for the stream's life)."""
+
+    def __init__(self, response: Response, release: Callable[[], None]) -> None:
+        # not Response.__init__: this object only wraps the one the handler made
+        self.response = response
+        self.release = release
+        self.status_code = response.status_code
+        self.raw_headers = response.raw_headers
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await self.response(scope, receive, send)
+        finally:
+            self.release()
