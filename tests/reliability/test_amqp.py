@@ -236,3 +236,19 @@ async def test_one_producer_two_consumer_processes(amqp_url: str) -> None:
     assert sorted(got) == sorted(ids)
     latencies = sorted(got.values())
     assert latencies[len(latencies) // 2] < 0.05, latencies  # pushed, not polled
+
+
+async def test_a_dashboard_sees_other_processes_leases(amqp_url: str) -> None:
+    """A broker that does not consume the queue reads in_flight from the management API."""
+    async with await fairq.connect(amqp_url) as worker, await fairq.connect(amqp_url) as viewer:
+        q = await worker.declare_queue("work")
+        await q.send_batch([fairq.Outgoing(b"x") for _ in range(5)])
+        held = await q.receive(max_messages=3)
+        assert len(held) == 3
+        deadline = time.monotonic() + 15  # RabbitMQ samples queue stats every 5 s
+        s = await viewer.queue("work").stats()
+        while s.in_flight < 3 and time.monotonic() < deadline:
+            await asyncio.sleep(0.5)
+            s = await viewer.queue("work").stats()
+        assert s.in_flight >= 3, s  # the worker's prefetched deliveries count too
+        assert s.sent == 5

@@ -52,7 +52,9 @@ class AmqpBackend(AmqpTopics):
         "stats.delayed": "delayed messages wait in the shared delay queues: stats count them "
         "as neither delayed nor visible until they arrive",
         "stats.process": "in_flight and oldest_age count this process's leases and "
-        "prefetched deliveries only (RabbitMQ does not say who holds what)",
+        "prefetched deliveries only (RabbitMQ does not say who holds what); a process that "
+        "does not consume the queue (a dashboard) reports the management API's unacked "
+        "count, sampled every 5 s",
         "leases.process": "a lease belongs to the process that received it: it ends when that "
         "process's connection closes (the message returns at once), and only that process "
         "can settle it",

@@ -56,6 +56,7 @@ from ..rules import check_priorities, dead_letter_attributes, plan_dedup, redriv
 from . import topology
 from .feeds import Delivered, Feed, Lease
 from .link import AmqpUrl, DeliveryError, Link, driver_errors, spec
+from .management import Management
 
 __all__ = ["AmqpQueues"]
 
@@ -133,6 +134,9 @@ class AmqpQueues(Backend):
         self._tasks: list[asyncio.Task[None]] = []
         self._kick = asyncio.Event()
         self._closed = False
+        self._management: Management | None = None
+        if url.management is not None:
+            self._management = Management(url.management, url.user, url.password, timeout=2.0)
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -800,6 +804,9 @@ class AmqpQueues(Backend):
         ready = await self._ready(queue)
         held = len(feed.held) if feed is not None else 0
         leases = [lease for lease in self._leases.values() if lease.queue == queue]
+        in_flight = len(leases)
+        if feed is None:  # this process does not consume it (a dashboard): ask the broker
+            in_flight = await self._unacked(queue)
         counts = await self.store.read_counts(f"queue:{queue}")
         now = self.clock.now()
         known = [lease.enqueued_at for lease in leases]
@@ -810,12 +817,25 @@ class AmqpQueues(Backend):
         return QueueStats(
             visible=ready + held,
             delayed=0,
-            in_flight=len(leases),
+            in_flight=in_flight,
             oldest_age=oldest,
             freshness_slo=slo,
             breaching=slo is not None and oldest > slo,
             **{name: counts.get(name, 0) for name in QUEUE_COUNTERS},
         )
+
+    async def _unacked(self, queue: str) -> int:
+        """Deliveries of ``queue`` other processes hold, as the management API last sampled
+        them (every 5 s by default); 0 when the API is off or unreachable."""
+        api = self._management
+        if api is None:
+            return 0
+        try:
+            info = await api.queue(self.url.vhost, queue)
+        except Exception:
+            log.debug("management API unavailable for %s", queue, exc_info=True)
+            return 0
+        return int(info.get("messages_unacknowledged") or 0)
 
     def _enqueued(self, delivered: Delivered) -> float:
         try:
