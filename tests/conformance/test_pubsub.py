@@ -394,3 +394,17 @@ async def test_publish_matches_brute_force(broker: fairq.Broker, seed: int) -> N
             attrs,
             key,
         )
+
+
+async def test_delayed_publish_on_the_real_clock(live_broker: fairq.Broker) -> None:
+    t = await live_broker.declare_topic("later")
+    a = await t.subscribe("a")
+    b = await t.subscribe("b", routing="keep.#")
+    started = time.monotonic()
+    r = await t.publish(b"x", routing_key="keep.1", delay=0.3)
+    assert r.subscriptions == ["a", "b"]
+    assert await a.receive(wait=0.1) == []
+    for q in (a, b):
+        (m,) = await q.receive(wait=5)
+        assert m.body == b"x" and m.attributes["fairq.routing_key"] == "keep.1"
+    assert time.monotonic() - started >= 0.25
