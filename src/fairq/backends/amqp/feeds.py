@@ -15,6 +15,7 @@ has nothing visible for this process, not "still in flight".
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import contextlib
 import logging
@@ -63,6 +64,10 @@ class Feed:
     generation: int = -1
     consumer_tag: str | None = None
     leases: int = 0  # this feed's live leases
+    #: delivery tags of this channel not acked or nacked yet (held, leased)
+    unsettled: set[int] = field(default_factory=set)
+    _acks: list[int] = field(default_factory=list)
+    _acking: asyncio.Task[None] | None = None
     #: message ids this process nacked back, until the broker delivers them again here
     returning: dict[str, float] = field(default_factory=dict)
     returned: asyncio.Event = field(default_factory=asyncio.Event)
@@ -87,6 +92,8 @@ class Feed:
                 return self.channel
             self.held.clear()  # whatever the old channel held went back to the queue
             self.leases = 0
+            self.unsettled.clear()
+            self._acks.clear()
             self.link.forget(self.key)
             ch = await self.link.channel(self.key, prefetch=self.prefetch)
             # set before consuming: the first deliveries may run before consume-ok returns
@@ -99,6 +106,7 @@ class Feed:
     async def _deliver(self, message: Delivered) -> None:
         if message.channel is self.channel:
             self.held.append(message)
+            self.unsettled.add(message.delivery.delivery_tag)
             mid = message.header.properties.message_id
             if self.returning and self.returning.pop(mid, 0) and not self.returning:
                 self.returned.set()
@@ -137,6 +145,7 @@ class Feed:
             raise
         if isinstance(got.delivery, spec.Basic.GetEmpty):
             return None
+        self.unsettled.add(int(got.delivery.delivery_tag or 0))  # type: ignore[union-attr]
         return got
 
     def _orphan(self, task: asyncio.Future[Delivered], ch: Channel) -> None:
@@ -144,8 +153,45 @@ class Feed:
             return
         got = task.result()
         if not isinstance(got.delivery, spec.Basic.GetEmpty) and ch is self.channel:
+            self.unsettled.add(got.delivery.delivery_tag)
             self.held.appendleft(got)
             self.on_delivery(self.queue)
+
+    # -- acks ------------------------------------------------------------------------------
+    def ack(self, tag: int) -> None:
+        """Ack delivery ``tag`` of the current channel. The acks asked for during one pass of
+        the event loop go out together: one ``basic.ack(multiple)`` for all of them that lie
+        below every delivery still unsettled, one frame each for the others."""
+        self.unsettled.discard(tag)
+        self._acks.append(tag)
+        if self._acking is None:
+            self._acking = asyncio.get_running_loop().create_task(self._send_acks())
+
+    def nacked(self, tag: int) -> None:
+        self.unsettled.discard(tag)
+
+    async def _send_acks(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the other acks of this pass join in
+            await self.flush_acks()
+        finally:
+            self._acking = None
+
+    async def flush_acks(self) -> None:
+        tags, self._acks = self._acks, []
+        ch = self.channel
+        if not tags or ch is None or ch.is_closed:
+            return
+        tags.sort()
+        low = min(self.unsettled, default=None)
+        cut = len(tags) if low is None else bisect.bisect_left(tags, low)
+        try:
+            if cut:
+                await ch.basic_ack(tags[cut - 1], multiple=cut > 1, wait=False)
+            for tag in tags[cut:]:
+                await ch.basic_ack(tag, wait=False)
+        except Exception:  # the channel closed: the broker gives those deliveries back
+            log.debug("acks on %s were not sent", self.queue, exc_info=True)
 
     async def stop(self) -> list[Delivered]:
         """Stop consuming; return what was held (still unacked on the channel)."""
@@ -160,6 +206,7 @@ class Feed:
         return held
 
     async def close(self) -> None:
+        await self.flush_acks()
         ch, self.channel = self.channel, None
         self.held.clear()
         self.link.forget(self.key)
