@@ -1,59 +1,60 @@
 """Shared fixtures: one broker per backend, so every conformance test runs on each.
 
-A new backend plugs in by adding its name to BACKENDS and a branch to ``_url``. A
+A new backend plugs in by adding its name to BACKENDS and a branch to ``backend_url``
+(both in services.py). A
 backend that needs a service skips when the service is down, unless
 FAIRQ_REQUIRE_SERVICES=1 (CI), where it fails.
+
+Capabilities: a test that needs something a backend's capability table
+(``Backend.missing``) lists is marked ``@pytest.mark.requires("name", ...)``; on that
+backend it is skipped, naming the capability and what the backend does instead. That
+table is the only source of such skips.
 """
 
 from __future__ import annotations
 
 import os
-import socket
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 import fairq
-
-BACKENDS = ["memory", "sqlite"]
-SERVICES: dict[str, tuple[str, int]] = {}  # backend -> (host, port) it needs
-
-
-def service_up(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
+from fairq.backends.open import backend_class
+from services import BACKENDS, backend_url, rabbit_vhost, require
 
 
-def _url(backend: str, tmp_path: Path) -> str:
-    if backend == "memory":
-        return "memory://"
-    if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'fairq.db'}"
-    raise AssertionError(f"no URL for backend {backend}")
+@pytest.fixture
+def namespace(backend_name: str) -> Iterator[str]:
+    """This test's own namespace on a shared engine (a RabbitMQ vhost), removed afterwards."""
+    if backend_name != "amqp":
+        yield f"fairq-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        return
+    with rabbit_vhost() as vhost:
+        yield vhost
 
 
-def _require(backend: str) -> None:
-    need = SERVICES.get(backend)
-    if need and not service_up(*need):
-        if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"{backend} at {need[0]}:{need[1]} is down and FAIRQ_REQUIRE_SERVICES=1")
-        pytest.skip(f"{backend} at {need[0]}:{need[1]} is not reachable")
+def missing_capabilities(backend: str, node: pytest.Item) -> list[tuple[str, str]]:
+    """The capabilities the test ``node`` requires that ``backend`` lists as missing."""
+    missing = backend_class(backend).missing
+    needed = [c for m in node.iter_markers("requires") for c in m.args]
+    return [(c, missing[c]) for c in needed if c in missing]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
-    _require(name)
+    lacking = missing_capabilities(name, request.node)
+    if lacking:
+        pytest.skip("; ".join(f"{name} lacks capability {c!r}: {why}" for c, why in lacking))
+    require(name)
     return name
 
 
 @pytest.fixture
-def url(backend_name: str, tmp_path: Path) -> str:
-    return _url(backend_name, tmp_path)
+def url(backend_name: str, tmp_path: Path, namespace: str) -> str:
+    return backend_url(backend_name, tmp_path, namespace)
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from typing import Any
 
 from ..attention import Attention, Slice
 from ..broker import Broker, connect
-from ..errors import InvalidOption, LeaseLost, Reject
+from ..errors import ConnectionError, InvalidOption, LeaseLost, Reject
 from ..idempotency import Claim, IdempotencyStore, IdempotentBy, KeyFunction
 from ..message import Received, check_name
 from ..queue import Queue
@@ -32,6 +32,7 @@ from ..queue import Queue
 __all__ = ["Backoff", "Handler", "Runtime", "WorkerStats"]
 
 log = logging.getLogger("fairq.worker")
+_RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # seconds between receives while the engine is away
 
 
 def queue_of(msg: Received) -> Queue:
@@ -366,6 +367,7 @@ class Runtime:
         assert c.queue is not None and self._stopping is not None
         q = c.queue
         wakeups = q._backend.wakeups
+        retry = _RETRY_FIRST
         while not self._stopping.is_set():
             token = wakeups.token(q.name)  # before the try: a send in between wakes us
             n = await self._take_slots(c)
@@ -373,9 +375,19 @@ class Runtime:
                 return
             try:
                 msgs = await q.receive(max_messages=n, visibility_timeout=c.visibility_timeout)
+            except ConnectionError as exc:
+                # the engine is away (restarting, a dropped connection): keep running and try
+                # again, backing off, until it is back (SPEC §10 rule 2)
+                await self._give_slots(c, n)
+                log.warning("receiving from %s failed (retrying in %.1f s): %s", q.name, retry, exc)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), retry)
+                retry = min(retry * 2, _RETRY_MAX)
+                continue
             except BaseException:
                 await self._give_slots(c, n)
                 raise
+            retry = _RETRY_FIRST
             if len(msgs) < n:
                 await self._give_slots(c, n - len(msgs))
             if not msgs:
