@@ -56,7 +56,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[demo,bench,push,room,server,redis]' --group dev
+	$(BIN)/python -m pip install -q -e '.[demo,bench,push,room,server,redis,amqp]' --group dev
 	@touch $@
 
 clean:

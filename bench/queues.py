@@ -6,6 +6,7 @@ persist-queue's ``SQLiteAckQueue`` and huey's ``SqliteHuey`` storage, in one run
     python -m bench.queues --n 20000 --runs 5 --no-scale
     python -m bench.queues --backend redis  # fairq on Redis beside raw Streams and the
                                             # Redis task queues (bench/queues_redis.py)
+    python -m bench.queues --backend amqp  # on RabbitMQ: see bench/amqp.py
 
 Every system runs with WAL and ``synchronous=NORMAL`` on a fresh temporary database file
 per run, with ~200-byte JSON bodies (encoded once, before the clock starts, and handed to
@@ -1336,6 +1337,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the queue benchmarks; ``argv`` as on the command line. Returns an exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--backend" in args and args[args.index("--backend") + 1 :][:1] == ["amqp"]:
+        from . import amqp  # RabbitMQ: fairq beside raw aio-pika, Dramatiq, Celery, taskiq
+
+        return amqp.main(args)
     a = parse_args(argv)
     if a.scale_consumer:
         result = asyncio.run(_scale_consume(a.scale_consumer, a.scale_count, a.scale_batch))

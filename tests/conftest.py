@@ -1,69 +1,54 @@
 """Shared fixtures: one broker per backend, so every conformance test runs on each.
 
-A new backend plugs in by adding its name to BACKENDS and a branch to ``_url``. A
+A new backend plugs in by adding its name to BACKENDS and a branch to ``backend_url``
+(both in services.py). A
 backend that needs a service skips when the service is down, unless
 FAIRQ_REQUIRE_SERVICES=1 (CI), where it fails.
+
+Capabilities: a test that needs something a backend's capability table
+(``Backend.missing``) lists is marked ``@pytest.mark.requires("name", ...)``; on that
+backend it is skipped, naming the capability and what the backend does instead. That
+table is the only source of such skips.
 """
 
 from __future__ import annotations
 
 import os
-import secrets
-import socket
+import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 import fairq
-from redis_servers import drop_prefix
-
-BACKENDS = ["memory", "sqlite", "redis", "redis-cluster"]
-SERVICES: dict[str, tuple[str, int]] = {  # backend -> (host, port) it needs
-    "redis": ("127.0.0.1", 6379),
-}
-REDIS_URL = "redis://127.0.0.1:6379/0"
+from fairq.backends.open import backend_class
+from services import BACKENDS, SCHEMES, backend_url, rabbit_vhost, require
 
 
-def service_up(host: str, port: int) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=0.5):
-            return True
-    except OSError:
-        return False
-
-
-def _url(backend: str, tmp_path: Path) -> str:
-    if backend == "memory":
-        return "memory://"
-    if backend == "sqlite":
-        return f"sqlite:///{tmp_path / 'fairq.db'}"
-    if backend == "redis":
-        # each test its own key prefix on the shared Redis, removed after the test
-        return f"{REDIS_URL}?prefix=t-{secrets.token_hex(6)}:"
-    raise AssertionError(f"no URL for backend {backend}")
-
-
-def _require(backend: str) -> None:
-    if backend == "redis-cluster":
-        from redis_servers import available
-
-        if not available():
-            if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
-                pytest.fail("redis-server is not installed and FAIRQ_REQUIRE_SERVICES=1")
-            pytest.skip("redis-server is not installed (the test Cluster needs it)")
+@pytest.fixture
+def namespace(backend_name: str) -> Iterator[str]:
+    """This test's own namespace on a shared engine (a RabbitMQ vhost), removed afterwards."""
+    if backend_name != "amqp":
+        yield f"fairq-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         return
-    need = SERVICES.get(backend)
-    if need and not service_up(*need):
-        if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
-            pytest.fail(f"{backend} at {need[0]}:{need[1]} is down and FAIRQ_REQUIRE_SERVICES=1")
-        pytest.skip(f"{backend} at {need[0]}:{need[1]} is not reachable")
+    with rabbit_vhost() as vhost:
+        yield vhost
+
+
+def missing_capabilities(backend: str, node: pytest.Item) -> list[tuple[str, str]]:
+    """The capabilities the test ``node`` requires that ``backend`` lists as missing."""
+    missing = backend_class(SCHEMES.get(backend, backend)).missing
+    needed = [c for m in node.iter_markers("requires") for c in m.args]
+    return [(c, missing[c]) for c in needed if c in missing]
 
 
 @pytest.fixture(params=BACKENDS)
 def backend_name(request: pytest.FixtureRequest) -> str:
     name: str = request.param
-    _require(name)
+    lacking = missing_capabilities(name, request.node)
+    if lacking:
+        pytest.skip("; ".join(f"{name} lacks capability {c!r}: {why}" for c, why in lacking))
+    require(name)
     return name
 
 
@@ -81,15 +66,18 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def url(backend_name: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[str]:
+def url(
+    backend_name: str, tmp_path: Path, namespace: str, request: pytest.FixtureRequest
+) -> Iterator[str]:
     if backend_name == "redis-cluster":
-        base = request.getfixturevalue("redis_cluster")
-        u = f"{base}?prefix=t-{secrets.token_hex(6)}:"
+        u = f"{request.getfixturevalue('redis_cluster')}?prefix=t-{namespace}:"
     else:
-        u = _url(backend_name, tmp_path)
+        u = backend_url(backend_name, tmp_path, namespace)
     yield u
     if backend_name.startswith("redis"):
-        drop_prefix(u)
+        from redis_servers import drop_prefix
+
+        drop_prefix(u)  # each test's keys are its own prefix's: nothing is left behind
 
 
 @pytest.fixture

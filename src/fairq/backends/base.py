@@ -16,8 +16,10 @@ import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import ClassVar
 
 from ..clock import Clock, ManualClock
+from ..errors import Unsupported
 from ..message import Received
 from ..model.attention import AttentionConfig, AttentionStats, KeyStats, Slice
 from ..model.idempotency import IdempotencyRecord, Version
@@ -157,6 +159,12 @@ class Backend(ABC):
     poll_interval: float = 0.5
     #: the same while OS change notifications (:meth:`watch`) are on: only a safety net
     watch_interval: float = 1.0
+
+    #: THE capability table of this backend: every rule of SPEC.md it cannot honour exactly,
+    #: as capability name -> what it does instead. What is listed here raises
+    #: ``fairq.Unsupported`` or is documented in docs/backends.md; the conformance suite
+    #: skips the tests that ``requires()`` a listed capability, and nothing else.
+    missing: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -495,6 +503,22 @@ class Backend(ABC):
     @abstractmethod
     async def room_stats(self, room: str) -> RoomStats:
         """The room's numbers (after expiring lapsed tokens)."""
+
+    # -- counters (for engines that keep their messages elsewhere) --------------------------
+    # An engine that has no counters of its own (RabbitMQ) keeps them in a store backend:
+    # named integers per scope, added to atomically. Optional: a backend that cannot keep
+    # them raises ``Unsupported`` and cannot be used as such a store.
+    async def add_counts(self, scope: str, counts: Mapping[str, int]) -> None:
+        """Add each of ``counts`` to the scope's counter of that name (absent ones are 0)."""
+        raise Unsupported(f"{type(self).__name__} keeps no counters for other engines")
+
+    async def read_counts(self, scope: str) -> dict[str, int]:
+        """The scope's counters (an unknown scope has none)."""
+        raise Unsupported(f"{type(self).__name__} keeps no counters for other engines")
+
+    async def drop_counts(self, scope: str) -> None:
+        """Forget the scope's counters."""
+        raise Unsupported(f"{type(self).__name__} keeps no counters for other engines")
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

@@ -32,6 +32,7 @@ from ..queue import Queue
 __all__ = ["Backoff", "Handler", "Runtime", "WorkerStats"]
 
 log = logging.getLogger("fairq.worker")
+_RETRY_FIRST, _RETRY_MAX = 0.1, 5.0  # seconds between receives while the engine is away
 
 
 def queue_of(msg: Received) -> Queue:
@@ -366,7 +367,7 @@ class Runtime:
         assert c.queue is not None and self._stopping is not None
         q = c.queue
         wakeups = q._backend.wakeups
-        outage = 0.0  # seconds to wait before the next try while the backend is unreachable
+        retry = _RETRY_FIRST
         while not self._stopping.is_set():
             token = wakeups.token(q.name)  # before the try: a send in between wakes us
             n = await self._take_slots(c)
@@ -375,18 +376,18 @@ class Runtime:
             try:
                 msgs = await q.receive(max_messages=n, visibility_timeout=c.visibility_timeout)
             except ConnectionError as exc:
-                # SPEC §10 rule 2: an engine restart is waited out, the worker goes on
+                # the engine is away (restarting, a dropped connection): keep running and try
+                # again, backing off, until it is back (SPEC §10 rule 2)
                 await self._give_slots(c, n)
-                outage = min(max(outage * 2, 0.05), 1.0)
-                log.warning("%s: backend unreachable, retrying in %.2f s: %s", q.name, outage, exc)
+                log.warning("receiving from %s failed (retrying in %.1f s): %s", q.name, retry, exc)
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(outage):
-                        await self._stopping.wait()
+                    await asyncio.wait_for(self._stopping.wait(), retry)
+                retry = min(retry * 2, _RETRY_MAX)
                 continue
             except BaseException:
                 await self._give_slots(c, n)
                 raise
-            outage = 0.0
+            retry = _RETRY_FIRST
             if len(msgs) < n:
                 await self._give_slots(c, n - len(msgs))
             if not msgs:

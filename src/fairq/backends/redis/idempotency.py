@@ -1,6 +1,8 @@
 """The Redis backend's idempotency keys and version gates: one hash per record and one
 string per entity's version, each its own hash tag (so a namespace with millions of keys
-spreads over every Cluster node), each operation one script on that one key.
+spreads over every Cluster node), each operation one script on that one key. Also the
+named counters another engine keeps here (``add_counts``: RabbitMQ's ``?store=``), one
+hash per scope.
 
 The record's ``e`` (end of lease or ttl, on the scripts' clock) decides whether it is
 live; Redis's own key expiry, set a minute past it, only frees the memory.
@@ -8,6 +10,7 @@ live; Redis's own key expiry, set a minute past it, only frees the memory.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ...model.idempotency import IdempotencyRecord, Version
@@ -83,3 +86,20 @@ class RedisIdempotency(RedisTopics):
             return None
         kind, text = _text(raw).split(":", 1)
         return int(text) if kind == "i" else float(text)
+
+    # -- counters kept for other engines -------------------------------------------------------
+    def _ckey(self, scope: str) -> str:
+        return f"{self.prefix}{{c:{scope}}}"
+
+    async def add_counts(self, scope: str, counts: Mapping[str, int]) -> None:
+        pairs = [x for name, n in counts.items() if n for x in (name, str(int(n)))]
+        if pairs:
+            await self.run_key("add_counts", self._ckey(scope), *pairs)
+
+    async def read_counts(self, scope: str) -> dict[str, int]:
+        got = await self.command("HGETALL", self._ckey(scope)) or {}
+        items = got.items() if isinstance(got, dict) else zip(got[::2], got[1::2], strict=True)
+        return {_text(k): int(v) for k, v in items}
+
+    async def drop_counts(self, scope: str) -> None:
+        await self.command("DEL", self._ckey(scope))

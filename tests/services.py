@@ -1,0 +1,101 @@
+"""The services the engine backends need, for every test folder (``tests/`` is on the
+import path): is a service up, skip or fail when it is not, the shared RabbitMQ's management
+API, and a vhost of a test's own.
+
+A test that needs a service skips when the service is down, unless
+FAIRQ_REQUIRE_SERVICES=1 (CI), where it fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BACKENDS = ["memory", "sqlite", "redis", "redis-cluster", "amqp"]
+SERVICES: dict[str, tuple[str, int]] = {  # backend -> (host, port) it needs
+    "redis": ("127.0.0.1", 6379),
+    "amqp": ("127.0.0.1", 5672),
+}
+#: the URL scheme of a backend whose test name is not its scheme
+SCHEMES = {"redis-cluster": "redis+cluster"}
+REDIS_URL = "redis://127.0.0.1:6379/0"
+RABBIT_MANAGEMENT = ("127.0.0.1", 15672)
+
+
+def service_up(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def require(backend: str) -> None:
+    if backend == "redis-cluster":  # the test session starts its own Cluster
+        from redis_servers import available
+
+        if not available():
+            if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
+                pytest.fail("redis-server is not installed and FAIRQ_REQUIRE_SERVICES=1")
+            pytest.skip("redis-server is not installed (the test Cluster needs it)")
+        return
+    need = SERVICES.get(backend)
+    if need and not service_up(*need):
+        if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
+            pytest.fail(f"{backend} at {need[0]}:{need[1]} is down and FAIRQ_REQUIRE_SERVICES=1")
+        pytest.skip(f"{backend} at {need[0]}:{need[1]} is not reachable")
+
+
+def rabbit_management() -> Any:
+    """The management API of the shared RabbitMQ, its plugin enabled if it was not (the
+    one change the tests make to that broker; enabling is idempotent)."""
+    from fairq.backends.amqp.management import Management
+
+    if not service_up(*RABBIT_MANAGEMENT):
+        tool = shutil.which("rabbitmq-plugins")
+        if tool is None:
+            pytest.fail("the RabbitMQ management API is down and rabbitmq-plugins is missing")
+        subprocess.run([tool, "enable", "rabbitmq_management"], check=True, capture_output=True)
+        deadline = time.monotonic() + 60
+        while not service_up(*RABBIT_MANAGEMENT):
+            if time.monotonic() > deadline:
+                pytest.fail("the RabbitMQ management API did not come up")
+            time.sleep(0.5)
+    return Management(f"http://{RABBIT_MANAGEMENT[0]}:{RABBIT_MANAGEMENT[1]}", "guest", "guest")
+
+
+@contextlib.contextmanager
+def rabbit_vhost() -> Iterator[str]:
+    """A vhost of the caller's own on the shared RabbitMQ (guest may use it), deleted after."""
+    require("amqp")
+    api = rabbit_management()
+    name = f"fairq-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    api.add_vhost(name, "guest")
+    try:
+        yield name
+    finally:
+        api.delete_vhost(name)
+
+
+def backend_url(backend: str, tmp_path: Path, namespace: str) -> str:
+    if backend == "memory":
+        return "memory://"
+    if backend == "sqlite":
+        return f"sqlite:///{tmp_path / 'fairq.db'}"
+    if backend == "redis":  # a key prefix of the test's own on the shared Redis
+        return f"{REDIS_URL}?prefix=t-{namespace}:"
+    if backend == "amqp":
+        return (
+            f"amqp://guest:guest@127.0.0.1:5672/{namespace}?store=sqlite:///{tmp_path / 'store.db'}"
+        )
+    raise AssertionError(f"no URL for backend {backend}")
