@@ -52,27 +52,9 @@ def backend_name(request: pytest.FixtureRequest) -> str:
     return name
 
 
-@pytest.fixture(scope="session")
-def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A 3-master Redis Cluster of this test session (its own redis-servers on loopback
-    ports 16400-16499), stopped at the end."""
-    from redis_servers import RedisCluster
-
-    cluster = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
-    try:
-        yield cluster.url
-    finally:
-        cluster.stop()
-
-
 @pytest.fixture
-def url(
-    backend_name: str, tmp_path: Path, namespace: str, request: pytest.FixtureRequest
-) -> Iterator[str]:
-    if backend_name == "redis-cluster":
-        u = f"{request.getfixturevalue('redis_cluster')}?prefix=t-{namespace}:"
-    else:
-        u = backend_url(backend_name, tmp_path, namespace)
+def url(backend_name: str, tmp_path: Path, namespace: str) -> Iterator[str]:
+    u = backend_url(backend_name, tmp_path, namespace)
     yield u
     if backend_name.startswith("redis"):
         from redis_servers import drop_prefix

@@ -225,3 +225,20 @@ def drop_prefix(url: str) -> int:
         finally:
             client.close()
     return n
+
+
+_SESSION_CLUSTER: RedisCluster | None = None
+
+
+def session_cluster() -> str:
+    """The URL of this test process's 3-master Cluster, started on first use (so fixtures
+    and hypothesis machines share it) and stopped when the process exits."""
+    global _SESSION_CLUSTER
+    if _SESSION_CLUSTER is None:
+        import atexit
+        import tempfile
+
+        cluster = RedisCluster(Path(tempfile.mkdtemp(prefix="fairq-cluster-"))).start()
+        atexit.register(cluster.stop)
+        _SESSION_CLUSTER = cluster
+    return _SESSION_CLUSTER.url

@@ -94,6 +94,10 @@ def backend_url(backend: str, tmp_path: Path, namespace: str) -> str:
         return f"sqlite:///{tmp_path / 'fairq.db'}"
     if backend == "redis":  # a key prefix of the test's own on the shared Redis
         return f"{REDIS_URL}?prefix=t-{namespace}:"
+    if backend == "redis-cluster":  # the same on the test process's own Cluster
+        from redis_servers import session_cluster
+
+        return f"{session_cluster()}?prefix=t-{namespace}:"
     if backend == "amqp":
         return (
             f"amqp://guest:guest@127.0.0.1:5672/{namespace}?store=sqlite:///{tmp_path / 'store.db'}"

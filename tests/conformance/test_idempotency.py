@@ -402,7 +402,7 @@ async def test_event_times_as_versions(broker: fairq.Broker) -> None:
         await gate.advance("user 1", 1)
 
 
-async def test_concurrent_out_of_order_advances(broker: fairq.Broker) -> None:
+async def test_concurrent_out_of_order_advances(broker: fairq.Broker, backend_name: str) -> None:
     """Every version twice, shuffled, all at once: the gate ends at the maximum, and of the
     two advances of any version at most one is told it was new."""
     gate = broker.versions("concurrent")
@@ -413,7 +413,10 @@ async def test_concurrent_out_of_order_advances(broker: fairq.Broker) -> None:
     won = [v for v, ok in zip(versions, got, strict=True) if ok]
     assert len(won) == len(set(won)), f"a version was accepted twice: {sorted(won)}"
     assert 100 in won
-    # tasks start in list order, so the accepted ones are exactly the running maxima
+    if backend_name not in ("memory", "sqlite"):
+        return  # over a pool of connections the engine may run them in another order
+    # on an embedded backend the steps run in the order the tasks start (list order), so
+    # the accepted ones are exactly the running maxima
     expected, high = [], 0
     for v in versions:
         if v > high:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 import fairq
 from fairq.backends.open import backend_class
-from services import BACKENDS, backend_url, rabbit_vhost, require
+from services import BACKENDS, SCHEMES, backend_url, rabbit_vhost, require
 
 MAX_ATTEMPTS = 3
 LEASE = 10.0
@@ -85,13 +86,16 @@ class QueueMachine(RuleBasedStateMachine):
         super().__init__()
         from pathlib import Path
 
-        missing = backend_class(self.backend).missing
+        missing = backend_class(SCHEMES.get(self.backend, self.backend)).missing
         self.delays = "clock.delays" not in missing
         self.priorities = "priority.prefetch" not in missing
         self.dir = tempfile.mkdtemp(prefix="fairq-model-")
         self._vhost = rabbit_vhost() if self.backend == "amqp" else None
-        namespace = self._vhost.__enter__() if self._vhost is not None else ""
-        url = backend_url(self.backend, Path(self.dir), namespace)
+        # each example its own namespace (key prefix, vhost), removed at teardown
+        namespace = (
+            self._vhost.__enter__() if self._vhost is not None else f"model-{uuid.uuid4().hex}"
+        )
+        self.url = url = backend_url(self.backend, Path(self.dir), namespace)
         self.clock = fairq.ManualClock()
         self.broker = fairq.connect_sync(url, clock=self.clock)
         self.q = self.broker.declare_queue(
@@ -106,6 +110,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         self.broker.close()
+        if self.backend.startswith("redis"):
+            from redis_servers import drop_prefix
+
+            drop_prefix(self.url)
         if self._vhost is not None:
             self._vhost.__exit__(None, None, None)
         shutil.rmtree(self.dir, ignore_errors=True)

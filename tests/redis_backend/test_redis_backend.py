@@ -177,7 +177,9 @@ async def cluster_broker(request: pytest.FixtureRequest) -> AsyncIterator[fairq.
         pytest.skip("redis-server is not installed")
     import secrets
 
-    url = f"{request.getfixturevalue('redis_cluster')}?prefix=t-{secrets.token_hex(6)}:"
+    from redis_servers import session_cluster
+
+    url = f"{session_cluster()}?prefix=t-{secrets.token_hex(6)}:"
     b = await fairq.connect(url)
     try:
         yield b
