@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import random
 import subprocess
 import sys
 import time
@@ -329,6 +330,21 @@ async def test_run_admitter_admits_at_the_rate_in_real_time(live_broker: fairq.B
     got = s1.admitted - s0.admitted
     assert abs(got - expected) <= 0.02 * expected + 10, (got, expected)
     assert (await room.stats()).admitter is None  # released on the way out
+
+
+async def test_a_cancelled_admitter_stops(live_broker: fairq.Broker) -> None:
+    """Cancelled at any point — inside an admission step included — the admitter ends at
+    once (a driver that finishes a command it was cancelled in must not swallow it)."""
+    room = await live_broker.waiting_room("ev-88", admit_rate=1000)
+    await room.join_many([f"fan-{i}" for i in range(500)])
+    rng = random.Random(7)
+    for _ in range(25):
+        task = asyncio.create_task(room.run_admitter(tick=0.002))
+        await asyncio.sleep(rng.uniform(0, 0.02))
+        task.cancel()
+        done, _ = await asyncio.wait([task], timeout=3)
+        assert done, "the admitter went on after it was cancelled"
+        assert task.cancelled()
 
 
 async def test_two_admitters_in_one_process_admit_once(live_broker: fairq.Broker) -> None:

@@ -7,6 +7,7 @@ redis-py is imported here and in the modules beside this one only.
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -178,7 +179,12 @@ def make_pubsub_client(opts: RedisOptions, host: str, port: int) -> Any:
 
 
 def driver_error(exc: BaseException, url: str) -> NoReturn:
-    """Raise the fairq error for a driver error (``raise ... from exc``)."""
+    """Raise the fairq error for a driver error (``raise ... from exc``). A task being
+    cancelled gets its cancellation back: the driver may report a command cut short by
+    the cancel as a connection error, and a retrying caller would then never stop."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError() from exc
     if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
         raise ConnectionError(f"redis at {url!r} refused the credentials: {exc}") from exc
     if isinstance(exc, rex.ConnectionError | rex.TimeoutError | OSError):
@@ -252,9 +258,21 @@ async def run_script(
     """EVALSHA ``script``; after ``NOSCRIPT`` (a restarted or failed-over Redis, another
     Cluster node) EVAL its source once, which also caches it again."""
     try:
-        return await client.evalsha(script.sha, len(keys), *keys, *args)
+        got = await client.evalsha(script.sha, len(keys), *keys, *args)
     except rex.NoScriptError:
-        return await client.eval(script.source, len(keys), *keys, *args)
+        got = await client.eval(script.source, len(keys), *keys, *args)
+    raise_if_cancelled()
+    return got
+
+
+def raise_if_cancelled() -> None:
+    """Raise ``CancelledError`` if the running task was asked to stop. redis-py finishes
+    a command it is cancelled in (it must read the reply to keep the connection usable)
+    and returns the reply as if nothing happened, so the cancel would be lost and a loop
+    such as ``run_admitter`` would never stop; every call through this module checks."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError()
 
 
 def script_error(exc: rex.ResponseError) -> ScriptError | None:

@@ -28,6 +28,7 @@ from .conn import (
     driver_error,
     family,
     make_client,
+    raise_if_cancelled,
     rex,
     run_script,
     script_error,
@@ -152,7 +153,9 @@ class RedisCore(Backend):
         if self._client is None:
             raise BackendError("the redis backend is closed")
         try:
-            return await self._client.execute_command(*args)
+            got = await self._client.execute_command(*args)
+            raise_if_cancelled()
+            return got
         except DriverErrors as exc:
             driver_error(exc, self.url)
 
