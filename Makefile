@@ -15,7 +15,7 @@ demo: $(STAMP)         ## the BoxOffice ticket-PDF demo with worker processes, o
 	$(BIN)/fairq demo
 
 test: $(STAMP) lint browser   ## the whole test suite (lint, types, tests, browser tests)
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile
 
 browser:               ## Debian's chromium for the dashboard's browser tests, only if missing
 	@[ -x /usr/bin/chromium ] || { \
@@ -56,7 +56,7 @@ $(BIN)/python:
 
 $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[demo,bench,push,room,server,postgres]' --group dev
+	$(BIN)/python -m pip install -q -e '.[demo,bench,push,room,server,redis,postgres,amqp]' --group dev
 	@touch $@
 
 clean:

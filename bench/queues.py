@@ -6,6 +6,9 @@ procrastinate, in ``bench/queues_postgres.py``).
     python -m bench.queues                 # full run: N=50,000, 3 runs, 1M-deep scale test
     python -m bench.queues --quick         # N=5,000, 1 run, no scale test (under a minute)
     python -m bench.queues --n 20000 --runs 5 --no-scale
+    python -m bench.queues --backend redis  # fairq on Redis beside raw Streams and the
+                                            # Redis task queues (bench/queues_redis.py)
+    python -m bench.queues --backend amqp  # on RabbitMQ: see bench/amqp.py
 
 Every system runs with WAL and ``synchronous=NORMAL`` on a fresh temporary database file
 per run, with ~200-byte JSON bodies (encoded once, before the clock starts, and handed to
@@ -1327,12 +1330,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--label", default="", help="free text recorded in the JSON (e.g. a commit)")
     p.add_argument("--markdown", action="store_true", help="also print a Markdown table")
     p.add_argument("--scale-consumer", metavar="DB", help=argparse.SUPPRESS)
+    p.add_argument("--backend", choices=("sqlite", "redis"), default="sqlite")
+    p.add_argument(
+        "--latency-seconds", type=float, default=10.0, help="redis: the steady 1,000/s phase"
+    )
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the queue benchmarks; ``argv`` as on the command line. Returns an exit code.
-    ``--backend postgres`` runs the PostgreSQL benchmarks (``bench/queues_postgres.py``)."""
+    ``--backend postgres`` runs the PostgreSQL benchmarks (``bench/queues_postgres.py``),
+    ``--backend amqp`` the RabbitMQ ones (``bench/amqp.py``)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--backend=postgres" in args or any(
         a == "--backend" and i + 1 < len(args) and args[i + 1] == "postgres"
@@ -1341,11 +1349,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         from .queues_postgres import main as postgres_main
 
         return postgres_main(args)
+    if "--backend" in args and args[args.index("--backend") + 1 :][:1] == ["amqp"]:
+        from . import amqp  # RabbitMQ: fairq beside raw aio-pika, Dramatiq, Celery, taskiq
+
+        return amqp.main(args)
     a = parse_args(argv)
     if a.scale_consumer:
         result = asyncio.run(_scale_consume(a.scale_consumer, a.scale_count, a.scale_batch))
         print(json.dumps(result))
         return 0
+    if a.backend == "redis":
+        from . import queues_redis
+
+        chosen = queues_redis.PEERS if a.systems == ",".join(SYSTEMS) else a.systems.split(",")
+        return queues_redis.main(
+            a.n or (5_000 if a.quick else 50_000),
+            a.runs or (1 if a.quick else 3),
+            (queues_redis.FAIRQ, *chosen),
+            a.latency_seconds,
+        )
     systems = tuple(s.strip() for s in a.systems.split(",") if s.strip())
     unknown = [s for s in systems if s not in SYSTEMS]
     if unknown:

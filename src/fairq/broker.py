@@ -5,22 +5,23 @@
 
 URL schemes: ``memory://``, ``sqlite:///relative.db`` / ``sqlite:////absolute.db``
 (query options ``synchronous=normal|full``, ``busy_timeout=<seconds>``),
-``postgresql://user:pass@host:port/db?schema=fairq`` (see ``backends/postgres``).
-The distributed backends (``redis://``, ``postgresql://``, ``amqp://``) plug in on the
-same seam in a later release; naming one today raises ``fairq.ConnectionError``.
+``redis://[user:password@]host:port/db``, ``rediss://`` (TLS), ``redis+cluster://host:port``
+(options in ``fairq.backends.redis.conn.parse_url``);
+``postgresql://user:pass@host:port/db?schema=fairq`` (see ``backends/postgres``);
+``amqp://user:pass@host:port/vhost?store=<url>`` (RabbitMQ, see docs/rabbitmq.md).
+``fairq.backends.open`` maps schemes to backends.
 """
 
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 from .attention import Attention, AttentionConfig, Plan
 from .backends.base import Backend
+from .backends.open import mask_url, open_backend
 from .clock import Clock, SystemClock
 from .errors import ConnectionError, InvalidOption
 from .idempotency import IdempotencyStore, VersionGate
@@ -35,58 +36,6 @@ __all__ = ["DEFAULT_URL", "Broker", "connect", "mask_url"]
 
 DEFAULT_URL = "sqlite:///fairq.db"
 DEFAULT_MAX_MESSAGE_BYTES = 262_144
-
-
-# query parameters that carry secrets (psycopg's ``password``, ``sslpassword``, ...), also
-# percent-encoded inside another URL's parameter (amqp://...?store=postgresql%3A...)
-_SECRET_PARAMS = re.compile(
-    r"((?:[?&]|%3F|%26)"
-    r"(?:password|passwd|pass|pwd|sslpassword|secret|token|api[_-]?key|access[_-]?key)"
-    r"(?:=|%3D))(?:(?!%26)[^&#])*",
-    re.IGNORECASE,
-)
-
-
-def mask_url(url: str) -> str:
-    """``url`` with its password — in the user info or a query parameter such as
-    ``?password=`` — replaced by ``***``."""
-    masked = re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
-    return _SECRET_PARAMS.sub(r"\1***", masked)
-
-
-def _open_backend(url: str, clock: Clock) -> Backend:
-    parts = urlsplit(url)
-    scheme = parts.scheme.lower()
-    options = dict(parse_qsl(parts.query))
-    if scheme == "memory":
-        from .backends.memory import MemoryBackend
-
-        return MemoryBackend(clock)
-    if scheme == "sqlite":
-        from .backends.sqlite import SQLiteBackend
-
-        path = parts.path[1:] if parts.path.startswith("/") else parts.path
-        if parts.netloc:
-            raise ConnectionError(
-                f"cannot open {mask_url(url)!r}: write sqlite:///relative/path.db or "
-                "sqlite:////absolute/path.db"
-            )
-        if not path:
-            raise ConnectionError(f"cannot open {mask_url(url)!r}: the URL names no file")
-        return SQLiteBackend(path, clock, options)
-    if scheme in ("postgresql", "postgres"):
-        from .backends.postgres import PostgresBackend
-
-        return PostgresBackend(url, clock)
-    if scheme in ("redis", "rediss", "redis+cluster", "amqp", "amqps"):
-        raise ConnectionError(
-            f"cannot open {mask_url(url)!r}: the {scheme} backend is not part of this release "
-            "yet (available: memory://, sqlite:///path.db)"
-        )
-    raise ConnectionError(
-        f"cannot open {mask_url(url)!r}: unknown scheme {scheme!r} "
-        "(use memory://, sqlite:///path.db, redis://, postgresql:// or amqp://)"
-    )
 
 
 async def connect(
@@ -112,7 +61,7 @@ async def connect(
         raise InvalidOption(
             f"max_message_bytes must be a positive integer, got {max_message_bytes!r}"
         )
-    backend = _open_backend(url, clock or SystemClock())
+    backend = open_backend(url, clock or SystemClock())
     await backend.open()
     return Broker(backend, url, max_message_bytes)
 

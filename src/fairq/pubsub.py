@@ -16,6 +16,7 @@ import asyncio
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -58,6 +59,7 @@ class Listener:
     def __init__(
         self,
         hub: _Hub,
+        backend: Backend,
         topic: str,
         routing: str | None,
         filter: Mapping[str, Any] | None,
@@ -74,10 +76,12 @@ class Listener:
         self._limit = buffer
         self._ready = asyncio.Event()
         self._hub = hub
+        self._backend = backend
         self._closed = False
         self.received = 0
         self.dropped = 0
-        hub.add(self)
+        if hub.add(self):
+            backend.attach_listeners(topic, partial(hub.deliver_once, topic))
 
     def _offer(self, routing_key: str, message: Received) -> None:
         if self._closed:
@@ -114,8 +118,11 @@ class Listener:
 
     async def close(self) -> None:
         """Stop listening; iteration ends once the buffer is drained."""
+        if self._closed:
+            return
         self._closed = True
-        self._hub.remove(self)
+        if self._hub.remove(self):
+            self._backend.attach_listeners(self.topic, None)
         self._ready.set()
 
     async def __aenter__(self) -> Listener:
@@ -135,15 +142,12 @@ class _Hub:
 
     def __init__(self) -> None:
         self.by_topic: dict[str, weakref.WeakSet[Listener]] = {}
-        self._seen: deque[str] = deque(maxlen=4096)  # remote publications delivered
+        self._seen: deque[str] = deque(maxlen=4096)  # publications delivered lately
         self._seen_set: set[str] = set()
-
-    def listening(self, topic: str) -> bool:
-        return bool(self.by_topic.get(topic))
 
     def deliver_once(self, topic: str, items: Sequence[tuple[Envelope, str]]) -> None:
         """Deliver each publication once: this process's own publish delivers at once, and
-        the engine may carry the same publication back (PostgreSQL's NOTIFY reaches every
+        an engine may carry the same publication back (PostgreSQL's NOTIFY reaches every
         broker, this one's too); a publish in a caller's transaction arrives only that way,
         at its commit."""
         fresh = []
@@ -158,13 +162,21 @@ class _Hub:
         if fresh:
             self.deliver(topic, fresh)
 
-    def add(self, listener: Listener) -> None:
-        self.by_topic.setdefault(listener.topic, weakref.WeakSet()).add(listener)
+    def add(self, listener: Listener) -> bool:
+        """Add a listener; True if it is the first of its topic."""
+        listeners = self.by_topic.setdefault(listener.topic, weakref.WeakSet())
+        first = not listeners
+        listeners.add(listener)
+        return first
 
-    def remove(self, listener: Listener) -> None:
+    def remove(self, listener: Listener) -> bool:
+        """Remove a listener; True if it was the last of its topic."""
         listeners = self.by_topic.get(listener.topic)
-        if listeners is not None:
-            listeners.discard(listener)
+        if listeners is None:
+            return False
+        had = listener in listeners
+        listeners.discard(listener)
+        return had and not listeners
 
     def deliver(self, topic: str, items: Sequence[tuple[Envelope, str]]) -> None:
         listeners = self.by_topic.get(topic)
@@ -290,7 +302,7 @@ class Topic:
             backend, None, timeout, lambda: backend.publish(self.name, envs)
         )
         if _HUBS:
-            hub = _HUBS.get(self._backend.listen_scope())
+            hub = _HUBS.get(backend.listen_scope())
             if hub is not None and hub.by_topic.get(self.name):
                 hub.deliver_once(
                     self.name,
@@ -308,16 +320,13 @@ class Topic:
         filter: Mapping[str, Any] | None = None,
         buffer: int = DEFAULT_LISTEN_BUFFER,
     ) -> Listener:
-        """Listen to what is published to this topic from now on (this process, memory
-        and SQLite; across processes on PostgreSQL, and through the server's stream
-        endpoint).
+        """Listen to what is published to this topic from now on (this process on memory
+        and SQLite, across processes through the server's stream endpoint; every process
+        sharing the store on Redis and PostgreSQL).
 
         ``async for msg in topic.listen(): ...`` — at-most-once, nothing stored.
         """
-        hub = hub_for(self._backend)
-        listener = Listener(hub, self.name, routing, filter, buffer)
-        self._backend.watch_topic(self.name, hub)
-        return listener
+        return Listener(hub_for(self._backend), self._backend, self.name, routing, filter, buffer)
 
     async def stats(self) -> TopicStats:
         """The topic's counters."""

@@ -233,6 +233,9 @@ class WaitingRoom:
                 try:
                     result = await self.backend.room_tick(self.name, holder, lease)
                 except BackendError as exc:
+                    task = asyncio.current_task()
+                    if task is not None and task.cancelling():
+                        raise asyncio.CancelledError() from exc  # a step cut short by a cancel
                     # a busy or failing engine: the lease may lapse, another may take over
                     log.warning("room %s: admission step failed: %s", self.name, exc)
                     await asyncio.sleep(lease / 3)

@@ -12,6 +12,8 @@ import pytest
 import fairq
 from fairq.attention import Slice
 
+pytestmark = pytest.mark.requires("attention")
+
 Plan = fairq.Plan
 PLANS = {"basic": Plan(1, 2, 20.0), "wide": Plan(3, 2, 20.0), "pro": Plan(2, 5, 20.0)}
 

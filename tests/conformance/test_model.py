@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,8 +17,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 import fairq
-from conftest import BACKENDS, _require
-from services import drop_namespace, pg_url
+from fairq.backends.open import backend_class
+from services import BACKENDS, SCHEMES, backend_url, drop_namespace, rabbit_vhost, require
 
 MAX_ATTEMPTS = 3
 LEASE = 10.0
@@ -31,18 +32,26 @@ class Msg:
     state: str  # "ready" | "delayed" | "leased"
     attempt: int = 0
     receipt: str | None = None
+    seq: int = 0  # when it (last) became available, as an event count: RabbitMQ's tie-break
 
 
 class Model:
     """What SPEC §3 says the queue holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, arrival_ties: bool = False) -> None:
         self.msgs: dict[str, Msg] = {}
         self.dead = 0
+        self.arrival_ties = arrival_ties
+        self.events = 0
+
+    def arrived(self, m: Msg) -> None:
+        self.events += 1
+        m.seq = self.events
 
     def settle_time(self, now: float) -> None:
-        for m in list(self.msgs.values()):
+        for m in sorted(self.msgs.values(), key=lambda m: m.avail):
             if m.state != "ready" and m.avail <= now:
+                self.arrived(m)
                 if m.state == "leased" and m.attempt >= MAX_ATTEMPTS:
                     self.dead_letter(m)
                 else:
@@ -54,6 +63,8 @@ class Model:
 
     def delivery_order(self) -> list[Msg]:
         ready = [m for m in self.msgs.values() if m.state == "ready"]
+        if self.arrival_ties:
+            return sorted(ready, key=lambda m: (-m.prio, m.avail, m.seq))
         return sorted(ready, key=lambda m: (-m.prio, m.avail, m.id))
 
     def current(self, receipt: str, now: float) -> Msg | None:
@@ -64,30 +75,44 @@ class Model:
 
 
 class QueueMachine(RuleBasedStateMachine):
+    """On a backend whose capability table lacks ``clock.delays`` every delay is 0 (the
+    manual clock cannot end them), without ``priority.prefetch`` every priority is 0, and
+    without ``order.ties`` messages that become available at the same instant are delivered
+    in the order they did (not in send order)."""
+
     backend = "memory"
 
     def __init__(self) -> None:
         super().__init__()
+        from pathlib import Path
+
+        missing = backend_class(SCHEMES.get(self.backend, self.backend)).missing
+        self.delays = "clock.delays" not in missing
+        self.priorities = "priority.prefetch" not in missing
         self.dir = tempfile.mkdtemp(prefix="fairq-model-")
-        if self.backend == "memory":
-            url = "memory://"
-        elif self.backend == "postgres":
-            url = pg_url()
-        else:
-            url = f"sqlite:///{self.dir}/m.db"
-        self.url = url
+        self._vhost = rabbit_vhost() if self.backend == "amqp" else None
+        # each example its own namespace (key prefix, vhost), removed at teardown
+        namespace = (
+            self._vhost.__enter__() if self._vhost is not None else f"model-{uuid.uuid4().hex}"
+        )
+        self.url = url = backend_url(self.backend, Path(self.dir), namespace)
         self.clock = fairq.ManualClock()
         self.broker = fairq.connect_sync(url, clock=self.clock)
         self.q = self.broker.declare_queue(
-            "model", visibility_timeout=LEASE, max_attempts=MAX_ATTEMPTS, max_priority=2
+            "model",
+            visibility_timeout=LEASE,
+            max_attempts=MAX_ATTEMPTS,
+            max_priority=2 if self.priorities else 0,
         )
         self.dlq = self.broker.queue("model.dlq")
-        self.model = Model()
+        self.model = Model(arrival_ties="order.ties" in missing)
         self.deliveries: list[Any] = []
 
     def teardown(self) -> None:
         self.broker.close()
         drop_namespace(self.url)
+        if self._vhost is not None:
+            self._vhost.__exit__(None, None, None)
         shutil.rmtree(self.dir, ignore_errors=True)
 
     @property
@@ -96,18 +121,23 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(prio=st.integers(0, 2), delay=st.sampled_from([0.0, 0.0, 1.5, 5.0]))
     def send(self, prio: int, delay: float) -> None:
+        prio, delay = (prio if self.priorities else 0), (delay if self.delays else 0.0)
         mid = self.q.send(b"x", priority=prio, delay=delay)
         self.model.settle_time(self.now)
         state = "delayed" if delay > 0 else "ready"
         self.model.msgs[mid] = Msg(mid, prio, self.now + delay, state)
+        if state == "ready":
+            self.model.arrived(self.model.msgs[mid])
 
     @rule(prios=st.lists(st.integers(0, 2), min_size=1, max_size=5))
     def send_batch(self, prios: list[int]) -> None:
+        prios = prios if self.priorities else [0] * len(prios)
         ids = self.q.send_batch([fairq.Outgoing(b"b", priority=p) for p in prios])
         assert ids == sorted(ids) and len(set(ids)) == len(ids)
         self.model.settle_time(self.now)
         for mid, p in zip(ids, prios, strict=True):
             self.model.msgs[mid] = Msg(mid, p, self.now, "ready")
+            self.model.arrived(self.model.msgs[mid])
 
     @rule(n=st.integers(1, 4), lease=st.sampled_from([None, 3.0]))
     def receive(self, n: int, lease: float | None) -> None:
@@ -144,6 +174,7 @@ class QueueMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.deliveries)
     @rule(index=st.integers(0, 1000), delay=st.sampled_from([0.0, 2.0]))
     def nack(self, index: int, delay: float) -> None:
+        delay = delay if self.delays else 0.0
         delivery, target = self._pick(index)
         try:
             delivery.nack(delay)
@@ -157,6 +188,7 @@ class QueueMachine(RuleBasedStateMachine):
             target.state, target.receipt, target.avail = "delayed", None, self.now + delay
         else:
             target.state, target.receipt, target.avail = "ready", None, self.now
+            self.model.arrived(target)
 
     @precondition(lambda self: self.deliveries)
     @rule(index=st.integers(0, 1000), seconds=st.sampled_from([1.0, 20.0]))
@@ -204,7 +236,7 @@ for _backend in BACKENDS:
     _test.settings = SETTINGS
 
     def _setup(self: object, _b: str = _backend) -> None:
-        _require(_b)
+        require(_b)
 
     _test.setUp = _setup  # type: ignore[method-assign]
     globals()[f"TestQueueModel_{_backend}"] = _test

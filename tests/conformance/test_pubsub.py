@@ -52,6 +52,7 @@ async def test_rule1_consumers_compete_inside_a_subscription(broker: fairq.Broke
     assert (await q.stats()).dead_lettered == 1
 
 
+@pytest.mark.requires("bounded.atomic")
 async def test_rule1_copies_are_atomic_when_a_subscription_is_full(broker: fairq.Broker) -> None:
     t = await broker.declare_topic("atomic")
     roomy = await t.subscribe("roomy")
@@ -66,6 +67,7 @@ async def test_rule1_copies_are_atomic_when_a_subscription_is_full(broker: fairq
     assert (await t.stats()).published == 2
 
 
+@pytest.mark.requires("overflow.block")
 async def test_rule1_publish_blocks_on_a_full_blocking_subscription(
     live_broker: fairq.Broker,
 ) -> None:
@@ -210,6 +212,7 @@ async def test_dedup_per_topic(broker: fairq.Broker, clock: fairq.ManualClock) -
     assert [m.body for m in await drain(q)] == [b"1", b"3"]
 
 
+@pytest.mark.requires("clock.delays")
 async def test_publish_batch_and_delay(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
     t = await broker.declare_topic("batch")
     q = await t.subscribe("s", routing="keep.#")
@@ -391,3 +394,17 @@ async def test_publish_matches_brute_force(broker: fairq.Broker, seed: int) -> N
             attrs,
             key,
         )
+
+
+async def test_delayed_publish_on_the_real_clock(live_broker: fairq.Broker) -> None:
+    t = await live_broker.declare_topic("later")
+    a = await t.subscribe("a")
+    b = await t.subscribe("b", routing="keep.#")
+    started = time.monotonic()
+    r = await t.publish(b"x", routing_key="keep.1", delay=0.3)
+    assert r.subscriptions == ["a", "b"]
+    assert await a.receive(wait=0.1) == []
+    for q in (a, b):
+        (m,) = await q.receive(wait=5)
+        assert m.body == b"x" and m.attributes["fairq.routing_key"] == "keep.1"
+    assert time.monotonic() - started >= 0.25

@@ -62,6 +62,7 @@ async def test_rule2_priority_first_then_order(broker: fairq.Broker) -> None:
     assert got == [b"high-1", b"high-2", b"mid-1", b"low-1", b"low-2"]
 
 
+@pytest.mark.requires("clock.delays")
 async def test_rule2_order_of_becoming_available(
     broker: fairq.Broker, clock: fairq.ManualClock
 ) -> None:
@@ -172,6 +173,7 @@ async def test_rule4_receipt_of_another_queue_is_lost(broker: fairq.Broker) -> N
 
 
 # -- rule 5: redelivery --------------------------------------------------------------------
+@pytest.mark.requires("clock.delays", "stats.delayed")
 async def test_rule5_nack_delay(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
     q = await broker.declare_queue("nack")
     await q.send(b"x")
@@ -296,6 +298,7 @@ async def test_rule6_custom_dead_letter_queue(broker: fairq.Broker) -> None:
 
 
 # -- rule 7: retention ---------------------------------------------------------------------
+@pytest.mark.requires("clock.retention", "clock.delays")
 async def test_rule7_retention(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
     q = await broker.declare_queue("short", retention=60)
     await q.send(b"old")
@@ -311,6 +314,7 @@ async def test_rule7_retention(broker: fairq.Broker, clock: fairq.ManualClock) -
     assert (s.expired, s.dead_lettered) == (2, 2)
 
 
+@pytest.mark.requires("clock.retention")
 async def test_rule7_retention_is_applied_when_stats_are_read(
     broker: fairq.Broker, clock: fairq.ManualClock
 ) -> None:
@@ -327,6 +331,7 @@ async def test_rule7_retention_is_applied_when_stats_are_read(
     await held.ack()  # the leased one is checked when its lease ends, not before
 
 
+@pytest.mark.requires("clock.retention")
 async def test_rule7_retention_after_redelivery(
     broker: fairq.Broker, clock: fairq.ManualClock
 ) -> None:
@@ -341,6 +346,7 @@ async def test_rule7_retention_after_redelivery(
 
 
 # -- rule 8: bounded queues ----------------------------------------------------------------
+@pytest.mark.requires("bounded.in_flight")
 async def test_rule8_reject(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("bounded", max_length=3)
     await q.send_batch([Outgoing(b"1"), Outgoing(b"2")])
@@ -358,6 +364,7 @@ async def test_rule8_reject(broker: fairq.Broker) -> None:
     await q.send(b"4")
 
 
+@pytest.mark.requires("bounded.in_flight")
 async def test_rule8_drop_oldest(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("ring", max_length=3, overflow="drop_oldest")
     await q.send_batch([Outgoing(b"1"), Outgoing(b"2"), Outgoing(b"3")])
@@ -371,6 +378,7 @@ async def test_rule8_drop_oldest(broker: fairq.Broker) -> None:
         await q.send(b"7")  # all three are in flight: nothing visible to drop
 
 
+@pytest.mark.requires("overflow.block")
 async def test_rule8_batch_larger_than_the_queue(broker: fairq.Broker) -> None:
     for overflow in ("reject", "drop_oldest", "block"):
         q = await broker.declare_queue(f"tiny-{overflow}", max_length=2, overflow=overflow)
@@ -379,6 +387,7 @@ async def test_rule8_batch_larger_than_the_queue(broker: fairq.Broker) -> None:
         assert (await q.stats()).sent == 0
 
 
+@pytest.mark.requires("overflow.block")
 async def test_rule8_block_waits_for_an_ack(live_broker: fairq.Broker) -> None:
     q = await live_broker.declare_queue("blocky", max_length=2, overflow="block")
     await q.send_batch([Outgoing(b"1"), Outgoing(b"2")])
@@ -395,6 +404,7 @@ async def test_rule8_block_waits_for_an_ack(live_broker: fairq.Broker) -> None:
     assert (await q.stats()).sent == 3
 
 
+@pytest.mark.requires("overflow.block")
 async def test_rule8_block_times_out(live_broker: fairq.Broker) -> None:
     q = await live_broker.declare_queue("blocky2", max_length=1, overflow="block")
     await q.send(b"1")
@@ -422,7 +432,8 @@ async def test_rule9_dedup(broker: fairq.Broker, clock: fairq.ManualClock) -> No
 
 async def test_rule9_dedup_within_a_batch_and_per_queue(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("dedup2")
-    other = await broker.declare_queue("dedup3")
+    # another queue of the same family: on Redis Cluster ids are unique within a family
+    other = await broker.declare_queue("dedup2.other")
     ids = await q.send_batch(
         [Outgoing(b"1", dedup_id="k"), Outgoing(b"2", dedup_id="k"), Outgoing(b"3")]
     )
@@ -438,6 +449,7 @@ async def test_rule9_duplicates_take_no_room(broker: fairq.Broker) -> None:
 
 
 # -- rule 10: FIFO groups ------------------------------------------------------------------
+@pytest.mark.requires("fifo")
 async def test_rule10_fifo_group_one_at_a_time(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("fifo", fifo=True)
     await q.send_batch([Outgoing(f"a{i}", group="a") for i in range(3)])
@@ -450,6 +462,7 @@ async def test_rule10_fifo_group_one_at_a_time(broker: fairq.Broker) -> None:
     assert sorted(await bodies(await q.receive(max_messages=10))) == [b"a1", b"b1"]
 
 
+@pytest.mark.requires("fifo")
 async def test_rule10_nacked_message_keeps_its_place(
     broker: fairq.Broker, clock: fairq.ManualClock
 ) -> None:
@@ -473,6 +486,7 @@ async def test_rule10_nacked_message_keeps_its_place(
     assert order == [b"m1", b"m2"]
 
 
+@pytest.mark.requires("fifo")
 async def test_rule10_default_group(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("fifo3", fifo=True)
     await q.send_batch([Outgoing(b"1"), Outgoing(b"2")])
@@ -480,6 +494,7 @@ async def test_rule10_default_group(broker: fairq.Broker) -> None:
     assert m.group == "default"
 
 
+@pytest.mark.requires("fifo")
 async def test_rule10_dead_lettered_head_frees_the_group(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("fifo4", fifo=True, max_attempts=1)
     await q.send_batch([Outgoing(b"1", group="g"), Outgoing(b"2", group="g")])
@@ -549,6 +564,7 @@ async def test_rule12_batch_all_or_nothing(broker: fairq.Broker) -> None:
 
 
 # -- rule 13: stats ------------------------------------------------------------------------
+@pytest.mark.requires("clock.delays", "stats.delayed")
 async def test_rule13_stats(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
     q = await broker.declare_queue("stats", visibility_timeout=10, max_attempts=2)
     empty = await q.stats()
@@ -578,6 +594,7 @@ async def test_rule13_stats(broker: fairq.Broker, clock: fairq.ManualClock) -> N
 
 
 # -- rule 14: durability (restart; kill -9 lives in tests/reliability) ---------------------
+@pytest.mark.requires("leases.process")
 async def test_rule14_reopen_keeps_everything(
     url: str, clock: fairq.ManualClock, backend_name: str
 ) -> None:
@@ -601,6 +618,7 @@ async def test_rule14_reopen_keeps_everything(
 
 
 # -- rule 15: freshness --------------------------------------------------------------------
+@pytest.mark.requires("stats.process")
 async def test_rule15_freshness_slo(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
     q = await broker.declare_queue("fresh", freshness_slo=60)
     await q.send(b"x")
@@ -632,6 +650,7 @@ async def test_rule16_declare_is_idempotent_and_updates(
     assert await q.receive() == []  # the new lease length applies
 
 
+@pytest.mark.requires("fifo")
 async def test_rule16_fifo_and_priority_cannot_change(broker: fairq.Broker) -> None:
     await broker.declare_queue("fixed", max_priority=3)
     with pytest.raises(fairq.ConfigConflict):
@@ -688,6 +707,7 @@ async def test_list_and_delete(broker: fairq.Broker) -> None:
     assert (await q2.stats()).sent == 0
 
 
+@pytest.mark.requires("fifo")
 async def test_purge(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("purge", fifo=True)
     await q.send_batch([Outgoing(b"x", group="g") for _ in range(5)])
@@ -740,6 +760,7 @@ async def test_redrive_keeps_messages_whose_source_is_gone(broker: fairq.Broker)
     assert (await broker.queue("keep.dlq").stats()).visible == 1
 
 
+@pytest.mark.requires("peek")
 async def test_peek_does_not_lease(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("peek")
     await q.send_batch([Outgoing(str(i)) for i in range(3)])
@@ -755,3 +776,73 @@ async def test_async_context_manager(url: str) -> None:
         await q.send(b"x")
     with pytest.raises(fairq.FairqError):
         await q.send(b"y")
+
+
+# -- the same rules on the real clock (engines whose own clock ends delays and retention) ----
+async def test_delays_end_in_order_on_the_real_clock(live_broker: fairq.Broker) -> None:
+    q = await live_broker.declare_queue("real-delays")
+    await q.send(b"late", delay=0.6)
+    await q.send(b"early", delay=0.3)
+    await q.send(b"now")
+    assert await bodies(await q.receive(max_messages=10)) == [b"now"]
+    got: list[bytes] = []
+    deadline = time.monotonic() + 5
+    while len(got) < 2 and time.monotonic() < deadline:
+        got += await bodies(await q.receive(max_messages=10, wait=1))
+    assert got == [b"early", b"late"]
+
+
+async def test_nack_delay_on_the_real_clock(live_broker: fairq.Broker) -> None:
+    q = await live_broker.declare_queue("real-nack")
+    await q.send(b"x")
+    (m,) = await q.receive()
+    started = time.monotonic()
+    await m.nack(delay=0.4)
+    assert await q.receive(wait=0.2) == []
+    (again,) = await q.receive(wait=5)
+    assert time.monotonic() - started >= 0.35
+    assert (again.id, again.attempt) == (m.id, 2)
+
+
+async def test_retention_on_the_real_clock(live_broker: fairq.Broker) -> None:
+    q = await live_broker.declare_queue("real-retention", retention=0.3)
+    await q.send(b"old", attributes={"k": "v"})
+    await asyncio.sleep(0.6)
+    await q.send(b"fresh")
+    assert await bodies(await q.receive(max_messages=10)) == [b"fresh"]
+    (dead,) = await live_broker.queue("real-retention.dlq").receive(wait=2)
+    assert dead.body == b"old"
+    assert dead.attributes["k"] == "v"
+    assert dead.attributes["fairq.reason"] == "expired"
+    assert dead.attributes["fairq.source"] == "real-retention"
+
+
+async def test_rule8_reject_counts_visible_messages(broker: fairq.Broker) -> None:
+    """What every engine agrees on: a full bounded queue of visible messages refuses."""
+    q = await broker.declare_queue("bounded-v", max_length=2)
+    await q.send_batch([Outgoing(b"1"), Outgoing(b"2")])
+    with pytest.raises(fairq.QueueFull):
+        await q.send(b"3")
+    assert await bodies(await q.receive(max_messages=10)) == [b"1", b"2"]
+
+
+async def test_rule8_drop_oldest_of_visible_messages(live_broker: fairq.Broker) -> None:
+    q = await live_broker.declare_queue("ring-v", max_length=2, overflow="drop_oldest")
+    await q.send_batch([Outgoing(b"1"), Outgoing(b"2")])
+    await q.send(b"3")
+    assert await bodies(await q.receive(max_messages=10)) == [b"2", b"3"]
+    (dead,) = await live_broker.queue("ring-v.dlq").receive(wait=2)
+    assert (dead.body, dead.attributes["fairq.reason"]) == (b"1", "overflow")
+    assert dead.attributes["fairq.source"] == "ring-v"
+
+
+async def test_purge_removes_visible_and_leased(broker: fairq.Broker) -> None:
+    q = await broker.declare_queue("purge2")
+    await q.send_batch([Outgoing(str(i)) for i in range(3)])
+    (m,) = await q.receive()
+    assert await q.purge() == 3
+    assert await q.receive(max_messages=10) == []
+    s = await q.stats()
+    assert (s.visible, s.in_flight) == (0, 0)
+    with pytest.raises(fairq.LeaseLost):
+        await m.ack()

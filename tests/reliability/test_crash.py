@@ -1,5 +1,4 @@
-"""kill -9 and restarts on the SQLite and PostgreSQL backends (SPEC §3 rule 14, issue
-acceptance):
+"""kill -9 and restarts on SQLite, Redis and PostgreSQL (SPEC §3 rule 14, issue acceptance):
 
 * a consumer killed while it holds leases loses nothing: every message comes back
   after the visibility timeout;
@@ -12,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import statistics
 import subprocess
@@ -24,8 +24,7 @@ from pathlib import Path
 import pytest
 
 import fairq
-from services import drop_namespace, pg_url
-from services import require as _require
+from services import backend_url, drop_namespace, require
 
 HERE = Path(__file__).parent
 
@@ -51,13 +50,13 @@ def read_line(proc: subprocess.Popen[str], prefix: str, timeout: float = 20.0) -
     raise AssertionError(f"child never printed {prefix!r}")
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
 def url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'crash.db'}"
         return
-    _require("postgres")
-    made = pg_url()
+    require(request.param)
+    made = backend_url(request.param, tmp_path, f"crash-{secrets.token_hex(6)}")
     yield made
     drop_namespace(made)
 
@@ -86,17 +85,17 @@ async def test_killed_consumer_loses_nothing(url: str) -> None:
         assert (s.visible, s.in_flight, s.acked, s.redelivered) == (0, 0, 200, 50)
 
 
-@pytest.mark.parametrize("sync", ["normal", "full", "postgres"])
+@pytest.mark.parametrize("sync", ["normal", "full", "redis", "postgres"])
 async def test_killed_producer_batches_are_whole(tmp_path: Path, sync: str) -> None:
-    if sync == "postgres":
-        _require("postgres")
-        url = pg_url()
-        try:
-            await _killed_producer(url)
-        finally:
-            drop_namespace(url)
+    if sync in ("normal", "full"):
+        await _killed_producer(f"sqlite:///{tmp_path / 'p.db'}?synchronous={sync}")
         return
-    await _killed_producer(f"sqlite:///{tmp_path / 'p.db'}?synchronous={sync}")
+    require(sync)
+    url = backend_url(sync, tmp_path, f"crash-{secrets.token_hex(6)}")
+    try:
+        await _killed_producer(url)
+    finally:
+        drop_namespace(url)
 
 
 async def _killed_producer(url: str) -> None:

@@ -15,8 +15,8 @@ import asyncio
 import contextlib
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from typing import Protocol
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from typing import ClassVar
 
 from ..clock import Clock, ManualClock
 from ..errors import Unsupported
@@ -27,21 +27,12 @@ from ..model.queues import Envelope, QueueConfig, QueueStats
 from ..model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ..model.topics import PublishResult, Subscription, TopicConfig, TopicStats
 
-__all__ = ["DEAD_LETTER_REASONS", "Backend", "ListenSink", "Wakeups"]
+__all__ = ["DEAD_LETTER_REASONS", "Backend", "Wakeups"]
 
 log = logging.getLogger("fairq.backends")
 
 #: the reasons a message can be dead-lettered for (attribute ``fairq.reason``)
 DEAD_LETTER_REASONS = ("max_attempts", "expired", "rejected", "overflow")
-
-
-class ListenSink(Protocol):
-    """Where a backend hands what other processes publish to this process's ephemeral
-    listeners (``Topic.listen``): the listener hub of ``fairq.pubsub``."""
-
-    def deliver_once(self, topic: str, items: Sequence[tuple[Envelope, str]]) -> None: ...
-
-    def listening(self, topic: str) -> bool: ...
 
 
 class Wakeups:
@@ -69,6 +60,10 @@ class Wakeups:
         if event is None:
             event = self._events[queue] = asyncio.Event()
         return event
+
+    def watched(self) -> list[str]:
+        """The queues (and other wake-up names) someone holds a token for now."""
+        return list(self._events)
 
     def notify(self, queues: Iterable[str]) -> None:
         """Wake whoever waits on these queues."""
@@ -164,6 +159,12 @@ class Backend(ABC):
     poll_interval: float = 0.5
     #: the same while OS change notifications (:meth:`watch`) are on: only a safety net
     watch_interval: float = 1.0
+
+    #: THE capability table of this backend: every rule of SPEC.md it cannot honour exactly,
+    #: as capability name -> what it does instead. What is listed here raises
+    #: ``fairq.Unsupported`` or is documented in docs/backends.md; the conformance suite
+    #: skips the tests that ``requires()`` a listed capability, and nothing else.
+    missing: ClassVar[Mapping[str, str]] = {}
 
     def __init__(self, clock: Clock) -> None:
         self.clock = clock
@@ -285,15 +286,19 @@ class Backend(ABC):
     async def topic_stats(self, topic: str) -> TopicStats:
         """The topic's counters."""
 
+    def attach_listeners(  # noqa: B027 - optional hook, nothing to do by default
+        self, topic: str, deliver: Callable[[list[tuple[Envelope, str]]], None] | None
+    ) -> None:
+        """``Topic.listen``'s hook: from now on hand ``deliver`` what *other* brokers (other
+        processes, other hosts) publish to ``topic``, as ``(envelope, message id)`` pairs;
+        None when this broker has no listener of the topic any more. Backends that carry
+        publications between processes (Redis pub/sub) override it; this broker's own
+        publishes reach its listeners without the backend."""
+
     def listen_scope(self) -> Hashable:
         """What identifies this backend's store within the process: brokers with the same
         scope share ephemeral listeners (``Topic.listen``)."""
         return id(self)
-
-    def watch_topic(self, topic: str, sink: ListenSink) -> None:  # noqa: B027 - optional
-        """A ``Topic.listen`` began in this process. An engine that carries publishes across
-        processes (PostgreSQL's NOTIFY) hands other processes' publishes of ``topic`` to
-        ``sink`` while ``sink.listening(topic)``; the others have nothing to do."""
 
     # -- attention -------------------------------------------------------------------------
     # A domain keeps, per key: plan, state, tenant, pending signals, running slices and a
@@ -543,6 +548,22 @@ class Backend(ABC):
         it has no live record; else change nothing and return the live record. The record
         commits with the caller's own writes: of concurrent claims exactly one commits."""
         raise self._no_transactions("claim")
+
+    # -- counters (for engines that keep their messages elsewhere) --------------------------
+    # An engine that has no counters of its own (RabbitMQ) keeps them in a store backend:
+    # named integers per scope, added to atomically. Optional: a backend that cannot keep
+    # them raises ``Unsupported`` and cannot be used as such a store.
+    async def add_counts(self, scope: str, counts: Mapping[str, int]) -> None:
+        """Add each of ``counts`` to the scope's counter of that name (absent ones are 0)."""
+        raise Unsupported(f"{type(self).__name__} keeps no counters for other engines")
+
+    async def read_counts(self, scope: str) -> dict[str, int]:
+        """The scope's counters (an unknown scope has none)."""
+        raise Unsupported(f"{type(self).__name__} keeps no counters for other engines")
+
+    async def drop_counts(self, scope: str) -> None:
+        """Forget the scope's counters."""
+        raise Unsupported(f"{type(self).__name__} keeps no counters for other engines")
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:

@@ -507,6 +507,9 @@ class Runtime:
     async def _settle(self, step: Awaitable[None], msg: Received) -> None:
         try:
             await step
+        except ConnectionError as exc:
+            # the lease ends by itself and the message comes back: at-least-once holds
+            log.warning("could not settle message %s on %s: %s", msg.id, msg.queue, exc)
         except LeaseLost:
             self.stats.lease_lost += 1
             log.warning(

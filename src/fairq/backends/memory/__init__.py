@@ -8,6 +8,7 @@ module and class, stacked into :class:`MemoryBackend`.
 from __future__ import annotations
 
 from .attention import MemoryAttention
+from .counts import MemoryCounts
 from .idempotency import MemoryIdempotency
 from .topics import MemoryTopics
 from .waitingroom import MemoryWaitingRoom
@@ -15,5 +16,7 @@ from .waitingroom import MemoryWaitingRoom
 __all__ = ["MemoryBackend"]
 
 
-class MemoryBackend(MemoryAttention, MemoryIdempotency, MemoryTopics, MemoryWaitingRoom):
+class MemoryBackend(
+    MemoryAttention, MemoryIdempotency, MemoryTopics, MemoryWaitingRoom, MemoryCounts
+):
     """All state in this process; see the module docstring."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Hashable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 import psycopg
@@ -37,10 +37,10 @@ from ...model.idempotency import IdempotencyRecord, Version
 from ...model.queues import Envelope, QueueConfig, QueueStats
 from ...model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ...model.topics import PublishResult, Subscription, TopicConfig, TopicStats
-from ..base import Backend, ListenSink
+from ..base import Backend
 from . import attention, idempotency, migrate, queues, rooms, topics
 from .connection import Cursor, Options, Pool, parse_url
-from .listener import Listener
+from .listener import Listener, TopicSinks
 from .queries import Queries
 
 __all__ = ["OffsetClock", "PostgresBackend"]
@@ -76,6 +76,7 @@ class PostgresBackend(Backend):
         self.s = self.q.s
         self.pool = Pool(self.options)
         self.listener = Listener(self)
+        self._sinks = TopicSinks()  # Topic.listen's callbacks, by topic
         self.poll_interval = self.options.poll if not self.options.listen else 1.0
         self._topics = topics.TopicCache()
         self._acks = queues.AckCoalescer(self._ack_now)
@@ -390,8 +391,14 @@ class PostgresBackend(Backend):
     async def topic_stats(self, topic: str) -> TopicStats:
         return await self.pool.run(lambda cur: topics.topic_stats(cur, self.s, topic))
 
-    def watch_topic(self, topic: str, sink: ListenSink) -> None:
-        self.listener.watch(topic, sink)
+    def attach_listeners(
+        self, topic: str, deliver: Callable[[list[tuple[Envelope, str]]], None] | None
+    ) -> None:
+        if deliver is None:
+            self._sinks.by_topic.pop(topic, None)  # its row lapses at the next renewal
+            return
+        self._sinks.by_topic[topic] = deliver
+        self.listener.watch(topic, self._sinks)
 
     # -- attention -------------------------------------------------------------------------
     async def declare_attention(self, domain: str, config: AttentionConfig) -> None:
@@ -500,6 +507,18 @@ class PostgresBackend(Backend):
         return await self.pool.run(
             lambda cur: idempotency.current_version(cur, self.s, namespace, entity)
         )
+
+    async def add_counts(self, scope: str, counts: Mapping[str, int]) -> None:
+        if any(counts.values()):
+            await self.pool.run(
+                lambda cur: idempotency.add_counts(cur, self.s, scope, dict(counts))
+            )
+
+    async def read_counts(self, scope: str) -> dict[str, int]:
+        return await self.pool.run(lambda cur: idempotency.read_counts(cur, self.s, scope))
+
+    async def drop_counts(self, scope: str) -> None:
+        await self.pool.run(lambda cur: idempotency.drop_counts(cur, self.s, scope))
 
     # -- waiting rooms ---------------------------------------------------------------------
     async def _room(self, fn: Any, *args: Any) -> Any:

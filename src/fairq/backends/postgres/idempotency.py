@@ -1,4 +1,5 @@
-"""The PostgreSQL backend's idempotency keys and version gates: each method one statement
+"""The PostgreSQL backend's idempotency keys and version gates (and the named counters
+another engine keeps here): each method one statement
 (``INSERT ... ON CONFLICT ... WHERE``, its row count saying who won) or a short
 transaction. Under READ COMMITTED a conflicting insert waits for the other transaction
 and re-checks the WHERE against the committed row, so of N concurrent claims of one key
@@ -187,3 +188,27 @@ async def current_version(cur: Cursor, s: str, namespace: str, entity: str) -> V
         return None
     value: Decimal = row[0]
     return int(value) if row[1] else float(value)
+
+
+# -- counters kept for other engines ---------------------------------------------------------
+async def add_counts(cur: Cursor, s: str, scope: str, counts: dict[str, int]) -> None:
+    """Add to the scope's counters in one statement (names sorted: concurrent adds take the
+    rows' locks in one order, so they never deadlock)."""
+    names = sorted(n for n, v in counts.items() if v)
+    if not names:
+        return
+    await cur.execute(
+        f"INSERT INTO {s}.store_counts AS c (scope, name, n) "
+        "SELECT %s, name, n FROM unnest(%s::text[], %s::bigint[]) AS u(name, n) "
+        "ON CONFLICT (scope, name) DO UPDATE SET n = c.n + excluded.n",
+        (scope, names, [int(counts[n]) for n in names]),
+    )
+
+
+async def read_counts(cur: Cursor, s: str, scope: str) -> dict[str, int]:
+    await cur.execute(f"SELECT name, n FROM {s}.store_counts WHERE scope = %s", (scope,))
+    return {name: int(n) for name, n in await cur.fetchall()}
+
+
+async def drop_counts(cur: Cursor, s: str, scope: str) -> None:
+    await cur.execute(f"DELETE FROM {s}.store_counts WHERE scope = %s", (scope,))

@@ -22,14 +22,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import psycopg
 
 from ...model.queues import Envelope
-from ..base import ListenSink
 
 if TYPE_CHECKING:
     from . import PostgresBackend
@@ -55,6 +54,31 @@ def encode_broadcast(topic: str, items: Sequence[tuple[Envelope, str]]) -> bytes
             ],
         }
     )
+
+
+class ListenSink(Protocol):
+    """Where the listener hands other processes' publishes for this process's ephemeral
+    listeners (``Topic.listen``), and whether a topic still has one."""
+
+    def deliver_once(self, topic: str, items: Sequence[tuple[Envelope, str]]) -> None: ...
+
+    def listening(self, topic: str) -> bool: ...
+
+
+class TopicSinks:
+    """The :class:`ListenSink` of one backend: ``Backend.attach_listeners``'s callbacks by
+    topic (the listener hub of ``fairq.pubsub`` dedups what it is handed twice)."""
+
+    def __init__(self) -> None:
+        self.by_topic: dict[str, Callable[[list[tuple[Envelope, str]]], None]] = {}
+
+    def deliver_once(self, topic: str, items: Sequence[tuple[Envelope, str]]) -> None:
+        deliver = self.by_topic.get(topic)
+        if deliver is not None:
+            deliver(list(items))
+
+    def listening(self, topic: str) -> bool:
+        return topic in self.by_topic
 
 
 class Listener:

@@ -302,6 +302,17 @@ class SQLiteBackend(Backend):
     async def room_stats(self, room: str) -> RoomStats:
         return await self._call(waitingroom.stats, room)
 
+    # -- counters for other engines ----------------------------------------------------------
+    async def add_counts(self, scope: str, counts: Mapping[str, int]) -> None:
+        if any(counts.values()):
+            await self._call(idempotency.add_counts, scope, dict(counts))
+
+    async def read_counts(self, scope: str) -> dict[str, int]:
+        return await self._call(idempotency.read_counts, scope)
+
+    async def drop_counts(self, scope: str) -> None:
+        await self._call(idempotency.drop_counts, scope)
+
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:
         if self._writer.conn is None:

@@ -122,3 +122,23 @@ def current_version(t: Txn, namespace: str, entity: str) -> Version | None:
         return None
     version: Version = row[0]
     return version
+
+
+# -- counters kept for another engine (Backend.add_counts) ------------------------------------
+_ADD = (
+    "INSERT INTO fairq_counts (scope, name, value) VALUES (?, ?, ?) "
+    "ON CONFLICT (scope, name) DO UPDATE SET value = value + excluded.value"
+)
+
+
+def add_counts(t: Txn, scope: str, counts: dict[str, int]) -> None:
+    t.conn.executemany(_ADD, [(scope, name, n) for name, n in counts.items() if n])
+
+
+def read_counts(t: Txn, scope: str) -> dict[str, int]:
+    rows = t.conn.execute("SELECT name, value FROM fairq_counts WHERE scope = ?", (scope,))
+    return dict(rows.fetchall())
+
+
+def drop_counts(t: Txn, scope: str) -> None:
+    t.conn.execute("DELETE FROM fairq_counts WHERE scope = ?", (scope,))

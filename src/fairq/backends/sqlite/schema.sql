@@ -1,4 +1,4 @@
--- fairq's SQLite schema, version 6. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 7. Every statement is idempotent (IF NOT EXISTS), so
 -- txn.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
@@ -7,6 +7,7 @@
 --   version 4: attention domains (keys, signals, tenants, slices)
 --   version 5: waiting rooms
 --   version 6: bodies shared by a publish's copies (fairq_bodies, fairq_messages.body_ref)
+--   version 7: counters kept for other engines (fairq_counts: RabbitMQ's ?store=)
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -283,3 +284,11 @@ CREATE TABLE IF NOT EXISTS fairq_bodies (
     body BLOB NOT NULL,
     refs INTEGER NOT NULL          -- messages still pointing here; deleted at 0
 );
+
+-- version 7: counters kept for another engine (Backend.add_counts: RabbitMQ's ?store=) -------
+CREATE TABLE IF NOT EXISTS fairq_counts (
+    scope TEXT NOT NULL,
+    name  TEXT NOT NULL,
+    value INTEGER NOT NULL,
+    PRIMARY KEY (scope, name)
+) WITHOUT ROWID;

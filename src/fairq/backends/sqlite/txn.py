@@ -23,7 +23,7 @@ from ...model.attention import AttentionConfig
 from ...model.queues import QueueConfig
 from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 # the greatest id handed out so far, as far as the file remembers it (see Store)

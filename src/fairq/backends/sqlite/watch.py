@@ -18,11 +18,10 @@ import ctypes
 import ctypes.util
 import errno
 import logging
-import mmap
 import os
 import sys
 
-__all__ = ["RECHECKS", "WalIndex", "WalWatch"]
+__all__ = ["RECHECKS", "WalWatch"]
 
 log = logging.getLogger("fairq.sqlite")
 
@@ -123,42 +122,3 @@ class WalWatch:
 def _errno_text() -> str:
     code = ctypes.get_errno()
     return errno.errorcode.get(code, str(code))
-
-
-class WalIndex:
-    """A read-only look at the header of a WAL database's ``-shm`` file (the WAL index,
-    whose layout https://sqlite.org/walformat.html documents, since every process and
-    SQLite version sharing the file must agree on it): how many WAL frames are not yet
-    copied back into the database."""
-
-    # WalIndexHdr.mxFrame (first copy of the header) and WalCkptInfo.nBackfill, both u32
-    # in the byte order of the machine that wrote them (this one: the file is shared
-    # memory, never moved between machines)
-    _MX_FRAME = 16
-    _N_BACKFILL = 96
-
-    def __init__(self, mapped: mmap.mmap) -> None:
-        self._map = mapped
-
-    @classmethod
-    def open(cls, shm_path: str) -> WalIndex | None:
-        try:
-            fd = os.open(shm_path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            return cls(mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ))
-        except (OSError, ValueError):
-            return None
-        finally:
-            os.close(fd)
-
-    def unbackfilled(self) -> int:
-        """WAL frames written since the last checkpoint that copied everything back."""
-        m = self._map
-        mx = int.from_bytes(m[self._MX_FRAME : self._MX_FRAME + 4], sys.byteorder)
-        done = int.from_bytes(m[self._N_BACKFILL : self._N_BACKFILL + 4], sys.byteorder)
-        return max(0, mx - done)
-
-    def close(self) -> None:
-        self._map.close()

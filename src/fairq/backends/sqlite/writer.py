@@ -29,7 +29,6 @@ from ..base import Wakeups
 from . import messages
 from . import queues as store
 from .txn import Store, Txn, apply_schema
-from .watch import WalIndex
 
 __all__ = ["Writer", "engine_error"]
 
@@ -40,10 +39,14 @@ _DEDUP_CLEANUP_EVERY = 60.0
 _RETRY_FIRST = 0.0005
 _RETRY_MAX = 0.02
 _CHECKPOINT_EVERY = 0.1  # seconds between looks at the WAL on the background thread
-# frames (pages) the WAL may hold before a checkpoint: a checkpoint that empties the WAL
-# makes the next commit restart it, which fsyncs the new WAL header under the write lock,
-# so checkpointing a nearly empty WAL every 0.1 s put an fsync into one commit in ten
-_CHECKPOINT_FRAMES = 4000
+# commits of this writer between checkpoints (about 4 WAL frames each): a checkpoint that
+# empties the WAL makes the next commit restart it, which fsyncs the new WAL header under
+# the write lock, so checkpointing a nearly empty WAL every 0.1 s put an fsync into one
+# commit in ten. The count is kept here, not read from the ``-shm`` file: a process that
+# opens and closes any descriptor of that file drops the POSIX locks SQLite holds on it,
+# and another process would then rebuild the WAL index under this one's feet.
+_CHECKPOINT_COMMITS = 1000
+_CHECKPOINT_IDLE = 2.0  # seconds after which what little was committed is copied back
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
 
@@ -120,6 +123,7 @@ class Writer:
         self._last_dedup_cleanup = 0.0
         self._checkpointer: threading.Thread | None = None
         self._stop_checkpoints = threading.Event()
+        self.commits = 0  # since open; read by the checkpointer thread (an int: no lock)
 
     # -- lifecycle -------------------------------------------------------------------------
     def _connect(self, busy_ms: int) -> sqlite3.Connection:
@@ -165,11 +169,14 @@ class Writer:
             if self.conn is not None and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._autocheckpoint)
             return
-        shm = WalIndex.open(self.path + "-shm")
+        done, since = 0, 0.0  # commits copied back by the last checkpoint, and when
         try:
             while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY):
-                if shm is not None and shm.unbackfilled() < _CHECKPOINT_FRAMES:
+                since += _CHECKPOINT_EVERY
+                new = self.commits - done
+                if new < _CHECKPOINT_COMMITS and not (new and since >= _CHECKPOINT_IDLE):
                     continue
+                done, since = done + new, 0.0
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 except sqlite3.Error as exc:
@@ -178,8 +185,6 @@ class Writer:
         except sqlite3.Error:
             pass
         finally:
-            if shm is not None:
-                shm.close()
             conn.close()
 
     def _autocheckpoint(self) -> None:
@@ -249,6 +254,7 @@ class Writer:
             t.op_done()
             t.finish()
             conn.execute("COMMIT")
+            self.commits += 1
         except Exception as exc:
             self._rolled_back(conn, exc, [job])
             return
@@ -337,6 +343,7 @@ class Writer:
                         self._run_one(t, job, results)
             t.finish()
             conn.execute("COMMIT")
+            self.commits += 1
         except Exception as exc:
             self._rolled_back(conn, exc, batch)
             return

@@ -1,0 +1,194 @@
+"""The part of the RabbitMQ backend every other part uses: the connection and its channels,
+the queues' options (cached from the store), counters (flushed to the store), ids, and
+publishing with confirms (directly, or into the delay wheel)."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ...clock import Clock
+from ...errors import ConnectionError
+from ...message import format_id, next_id_base
+from ...model.queues import QueueConfig
+from ..base import Backend
+from . import topology
+from .feeds import Feed, Lease
+from .link import AmqpUrl, DeliveryError, Link, driver_errors, spec
+from .management import Management
+
+__all__ = ["AmqpCore"]
+
+log = logging.getLogger("fairq.amqp")
+
+_CONFIG_TTL = 2.0  # seconds a queue's options are cached (other processes' changes show then)
+_FLUSH_EVERY = 0.5  # seconds between writes of the counters to the store
+
+
+class AmqpCore(Backend):
+    """The connection, options, counters and publishing every part of the backend uses."""
+
+    poll_interval = 5.0  # deliveries are pushed: the pulse only wakes waiters for lease ends
+
+    def __init__(self, url: AmqpUrl, clock: Clock, store: Backend) -> None:
+        super().__init__(clock)
+        self.url = url
+        self.store = store
+        self.link = Link(url)
+        self.link.on_reconnect.append(self._reconnected)
+        self._configs: dict[str, tuple[QueueConfig, float]] = {}
+        self._feeds: dict[str, Feed] = {}
+        self._leases: dict[str, Lease] = {}
+        self._deadlines: list[tuple[float, str]] = []  # (deadline, receipt), lazily cleaned
+        self._counts: dict[str, dict[str, int]] = {}
+        self._bound: set[str] = set()  # queues bound on fairq/due in this process
+        self._wheel_ready = False
+        self._wheel_lock = asyncio.Lock()
+        self._level_queues = frozenset(topology.level_queue(i) for i in range(topology.LEVELS))
+        self._last_id = 0
+        self._tag = int.from_bytes(os.urandom(4), "big") | 1
+        self._seq = itertools.count(1)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._kick = asyncio.Event()
+        self._closed = False
+        self._management: Management | None = None
+        if url.management is not None:
+            self._management = Management(url.management, url.user, url.password, timeout=2.0)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConnectionError(f"the broker on {self.url.masked!r} is closed")
+
+    def _reconnected(self) -> None:
+        """A new connection: every lease and held delivery of the old one is gone (the broker
+        returned them to their queues); waiters try again."""
+        self._leases.clear()
+        self._deadlines.clear()
+        for feed in self._feeds.values():
+            feed.held.clear()
+            feed.leases = 0
+        self._bound.clear()
+        self._wheel_ready = False
+        self.wakeups.notify_all()
+
+    # -- counters --------------------------------------------------------------------------
+    def _count(self, queue: str, name: str, n: int = 1) -> None:
+        counts = self._counts.get(queue)
+        if counts is None:
+            counts = self._counts[queue] = {}
+        counts[name] = counts.get(name, 0) + n
+
+    async def _flush_counts(self) -> None:
+        pending, self._counts = self._counts, {}
+        for queue, counts in pending.items():
+            try:
+                await self.store.add_counts(f"queue:{queue}", counts)
+            except Exception:
+                for name, n in counts.items():  # keep them for the next flush
+                    self._count(queue, name, n)
+                raise
+
+    async def _flusher(self) -> None:
+        while True:
+            await asyncio.sleep(_FLUSH_EVERY)
+            if self._counts:
+                try:
+                    await self._flush_counts()
+                except Exception:
+                    log.warning("could not write queue counters to the store", exc_info=True)
+
+    # -- options ---------------------------------------------------------------------------
+    async def _config(self, name: str) -> QueueConfig:
+        self._check_open()
+        hit = self._configs.get(name)
+        now = time.monotonic()
+        if hit is not None and now - hit[1] < _CONFIG_TTL:
+            return hit[0]
+        config = await self.store.queue_config(name)  # QueueNotFound
+        self._configs[name] = (config, now)
+        return config
+
+    async def _bind_due(self, name: str) -> None:
+        """Bind the queue where delays end (a name too long for a routing key has no delays)."""
+        pattern = topology.due_pattern(name)
+        if len(pattern) <= topology.ROUTING_KEY_MAX:
+            admin = await self.link.channel("admin")
+            with driver_errors(f"binding queue {name!r}", self.url.masked):
+                await admin.queue_bind(name, topology.DUE, routing_key=pattern)
+        self._bound.add(name)
+
+    # -- sending ---------------------------------------------------------------------------
+    def _new_id(self) -> str:
+        self._last_id = next_id_base(self._last_id, self.clock.now())
+        return format_id(self._last_id)
+
+    async def _ensure_wheel(self) -> None:
+        if self._wheel_ready:
+            return
+        async with self._wheel_lock:
+            if self._wheel_ready:
+                return
+            admin = await self.link.channel("admin")
+            with driver_errors("declaring the delay queues", self.url.masked):
+                levels = topology.wheel()
+                for exchange, _, _, _ in levels:
+                    await admin.exchange_declare(exchange, exchange_type="topic", durable=True)
+                for exchange, queue, args, bindings in levels:
+                    await admin.queue_declare(queue, durable=True, arguments=args)
+                    for kind, dest, pattern in bindings:
+                        if kind == "queue":
+                            await admin.queue_bind(dest, exchange, routing_key=pattern)
+                        else:
+                            await admin.exchange_bind(dest, exchange, routing_key=pattern)
+            self._wheel_ready = True
+
+    async def _publish(
+        self,
+        items: Iterable[tuple[str, str, bytes, dict[str, Any], int, str]],
+        what: str,
+    ) -> list[bool]:
+        """Publish (exchange, routing key, body, headers, priority, id) items persistently and
+        wait for every confirm; True per item the broker took, False per one it refused."""
+        ch = await self.link.channel("publish", confirms=True)
+        props = spec.Basic.Properties
+        with driver_errors(what, self.url.masked):
+            confirms = await asyncio.gather(
+                *[
+                    ch.basic_publish(
+                        body,
+                        exchange=exchange,
+                        routing_key=key,
+                        properties=props(
+                            delivery_mode=2,
+                            message_id=mid,
+                            headers=headers or None,
+                            priority=priority or None,
+                        ),
+                    )
+                    for exchange, key, body, headers, priority, mid in items
+                ],
+                return_exceptions=True,
+            )
+            took = []
+            for c in confirms:
+                if isinstance(c, DeliveryError):
+                    took.append(False)  # a nack: the queue refused (x-overflow reject-publish)
+                elif isinstance(c, BaseException):
+                    raise c
+                else:
+                    took.append(True)
+        return took
+
+    async def _route(self, queue: str, delay: float) -> tuple[str, str]:
+        if delay > 0:
+            await self._ensure_wheel()
+            route = topology.delay_route(delay, queue)
+            if queue not in self._bound:
+                await self._bind_due(queue)
+            return route
+        return "", queue

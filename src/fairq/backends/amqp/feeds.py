@@ -1,0 +1,217 @@
+"""Deliveries from RabbitMQ and fairq's leases on them.
+
+A *feed* is one consumer per queue per broker process (``basic.consume`` with a prefetch on
+a channel of its own). What RabbitMQ pushes waits in the feed's buffer (``held``) until a
+``receive`` takes it and starts a *lease*: the delivery stays unacked on that channel until
+it is acked, nacked, dead-lettered or its visibility timeout ends, so a crashed consumer's
+messages return to the queue at once (the channel closes with the connection).
+
+``receive`` with an empty buffer asks with ``basic.get``; an empty answer is asked once more
+on the same channel: deliveries the broker had already sent this consumer arrive before that
+second answer (a channel's frames keep their order), so an empty receive means the queue
+has nothing visible for this process, not "still in flight".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .link import Channel, Link, driver_errors, spec
+
+__all__ = ["Feed", "Lease"]
+
+log = logging.getLogger("fairq.amqp")
+
+Delivered = Any  # aiormq.abc.DeliveredMessage
+_RETURN_WAIT = 0.25  # seconds stats wait for a nacked-back delivery to come back
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    """One current delivery handed to user code."""
+
+    queue: str
+    feed: Feed
+    generation: int
+    tag: int
+    message_id: str
+    body: bytes
+    headers: dict[str, Any]
+    priority: int
+    attempt: int
+    deadline: float
+    enqueued_at: float
+
+
+@dataclass(slots=True, eq=False)
+class Feed:
+    """The consumer of one queue in this process."""
+
+    queue: str
+    link: Link
+    prefetch: int
+    on_delivery: Callable[[str], None]
+    held: collections.deque[Delivered] = field(default_factory=collections.deque)
+    channel: Channel | None = None
+    generation: int = -1
+    consumer_tag: str | None = None
+    leases: int = 0  # this feed's live leases
+    #: delivery tags of this channel not acked or nacked yet (held, leased)
+    unsettled: set[int] = field(default_factory=set)
+    _acks: list[int] = field(default_factory=list)
+    _acking: asyncio.Task[None] | None = None
+    #: message ids this process nacked back, until the broker delivers them again here
+    returning: dict[str, float] = field(default_factory=dict)
+    returned: asyncio.Event = field(default_factory=asyncio.Event)
+    _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def key(self) -> str:
+        return f"feed:{self.queue}"
+
+    def live(self) -> bool:
+        ch = self.channel
+        return ch is not None and not ch.is_closed and self.generation == self.link.generation
+
+    async def start(self) -> Channel:
+        """The feed's channel, consuming (started again after a reconnect or channel error)."""
+        if self.live():
+            assert self.channel is not None
+            return self.channel
+        async with self._starting:
+            if self.live():
+                assert self.channel is not None
+                return self.channel
+            self.held.clear()  # whatever the old channel held went back to the queue
+            self.leases = 0
+            self.unsettled.clear()
+            self._acks.clear()
+            self.link.forget(self.key)
+            ch = await self.link.channel(self.key, prefetch=self.prefetch)
+            # set before consuming: the first deliveries may run before consume-ok returns
+            self.channel, self.generation = ch, self.link.generation
+            with driver_errors(f"consuming queue {self.queue!r}", self.link.url.masked):
+                ok = await ch.basic_consume(self.queue, self._deliver, no_ack=False)
+            self.consumer_tag = ok.consumer_tag
+            return ch
+
+    async def _deliver(self, message: Delivered) -> None:
+        if message.channel is self.channel:
+            self.held.append(message)
+            self.unsettled.add(message.delivery.delivery_tag)
+            mid = message.header.properties.message_id
+            if self.returning and self.returning.pop(mid, 0) and not self.returning:
+                self.returned.set()
+            self.on_delivery(self.queue)
+
+    def returns(self, message_id: str) -> None:
+        """A delivery of ``message_id`` was nacked back to the queue: until it comes back
+        (or a moment passes) it is in neither the broker's ready count nor the buffer."""
+        self.returning[message_id] = time.monotonic() + _RETURN_WAIT
+        self.returned.clear()
+
+    async def settled(self) -> None:
+        """Wait (briefly) until what this process nacked back is counted somewhere again."""
+        now = time.monotonic()
+        for mid, until in list(self.returning.items()):
+            if until <= now:
+                del self.returning[mid]
+        if self.returning:
+            wait = max(self.returning.values()) - now
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait):
+                    await self.returned.wait()
+            self.returning.clear()
+
+    async def get(self) -> Delivered | None:
+        """One message by ``basic.get`` (None: the queue had none ready)."""
+        ch = await self.start()
+        # a cancelled RPC would cost the channel (and every lease on it): let the get finish,
+        # and keep what it brings if nobody waits for it any more
+        task = asyncio.ensure_future(ch.basic_get(self.queue, no_ack=False))
+        try:
+            with driver_errors(f"receiving from queue {self.queue!r}", self.link.url.masked):
+                got = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: self._orphan(t, ch))
+            raise
+        if isinstance(got.delivery, spec.Basic.GetEmpty):
+            return None
+        self.unsettled.add(int(got.delivery.delivery_tag or 0))  # type: ignore[union-attr]
+        return got
+
+    def _orphan(self, task: asyncio.Future[Delivered], ch: Channel) -> None:
+        if task.cancelled() or task.exception() is not None:
+            return
+        got = task.result()
+        if not isinstance(got.delivery, spec.Basic.GetEmpty) and ch is self.channel:
+            self.unsettled.add(got.delivery.delivery_tag)
+            self.held.appendleft(got)
+            self.on_delivery(self.queue)
+
+    # -- acks ------------------------------------------------------------------------------
+    def ack(self, tag: int) -> None:
+        """Ack delivery ``tag`` of the current channel. The acks asked for during one pass of
+        the event loop go out together: one ``basic.ack(multiple)`` for all of them that lie
+        below every delivery still unsettled, one frame each for the others."""
+        self.unsettled.discard(tag)
+        self._acks.append(tag)
+        if self._acking is None:
+            self._acking = asyncio.get_running_loop().create_task(self._send_acks())
+
+    def nacked(self, tag: int) -> None:
+        self.unsettled.discard(tag)
+
+    async def _send_acks(self) -> None:
+        try:
+            await asyncio.sleep(0)  # the other acks of this pass join in
+            await self.flush_acks()
+        finally:
+            self._acking = None
+
+    async def flush_acks(self) -> None:
+        tags, self._acks = self._acks, []
+        ch = self.channel
+        if not tags or ch is None or ch.is_closed:
+            return
+        tags.sort()
+        low = min(self.unsettled, default=None)
+        cut = len(tags) if low is None else bisect.bisect_left(tags, low)
+        try:
+            if cut:
+                await ch.basic_ack(tags[cut - 1], multiple=cut > 1, wait=False)
+            for tag in tags[cut:]:
+                await ch.basic_ack(tag, wait=False)
+        except Exception:  # the channel closed: the broker gives those deliveries back
+            log.debug("acks on %s were not sent", self.queue, exc_info=True)
+
+    async def stop(self) -> list[Delivered]:
+        """Stop consuming; return what was held (still unacked on the channel)."""
+        held = list(self.held)
+        self.held.clear()
+        ch = self.channel
+        if ch is not None and self.live() and self.consumer_tag is not None:
+            try:
+                await ch.basic_cancel(self.consumer_tag)
+            except Exception:  # the channel may be going away anyway
+                log.debug("could not cancel the consumer of %s", self.queue, exc_info=True)
+        return held
+
+    async def close(self) -> None:
+        await self.flush_acks()
+        ch, self.channel = self.channel, None
+        self.held.clear()
+        self.link.forget(self.key)
+        if ch is not None and not ch.is_closed:
+            try:
+                await ch.close()
+            except Exception:
+                log.debug("could not close the channel of %s", self.queue, exc_info=True)

@@ -1,0 +1,358 @@
+"""Leases on RabbitMQ deliveries: receive, ack, nack, extend, release, dead letters and
+the ends of visibility timeouts (see ``queues.py`` for how attempts are counted)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+from typing import Any
+
+from ...errors import LeaseLost, QueueFull, QueueNotFound
+from ...message import Received, id_time, make_receipt, parse_id, parse_receipt
+from ...model.queues import QueueConfig
+from ..rules import dead_letter_attributes
+from . import topology
+from .core import AmqpCore
+from .feeds import Delivered, Feed, Lease
+from .headers import GROUP, PRIOR, attributes_of, hidden, text
+from .link import driver_errors
+
+__all__ = ["AmqpLeases"]
+
+log = logging.getLogger("fairq.amqp")
+
+_ID_MASK = 2**63 - 1  # a receipt's first part: the message id, as 16 hex digits
+
+
+class AmqpLeases(AmqpCore):
+    """Receiving and settling, over the core."""
+
+    # -- receiving -------------------------------------------------------------------------
+    def _feed(self, queue: str) -> Feed:
+        feed = self._feeds.get(queue)
+        if feed is None:
+            feed = self._feeds[queue] = Feed(queue, self.link, self.url.prefetch, self._delivered)
+        return feed
+
+    def _delivered(self, queue: str) -> None:
+        self.wakeups.notify([queue])
+
+    async def receive(
+        self, queue: str, max_messages: int, visibility_timeout: float | None
+    ) -> list[Received]:
+        config = await self._config(queue)
+        await self._expire_leases()
+        feed = self._feed(queue)
+        await feed.start()
+        vt = config.visibility_timeout if visibility_timeout is None else visibility_timeout
+        out: list[Received] = []
+        empty_answers = 0
+        while len(out) < max_messages:
+            if feed.held:
+                delivered = feed.held.popleft()
+            else:
+                got = await feed.get()
+                if got is None:
+                    empty_answers += 1
+                    if empty_answers >= 2 and not feed.held:
+                        break
+                    continue
+                delivered = got
+            received = await self._lease(feed, config, delivered, vt)
+            if received is not None:
+                out.append(received)
+        return out
+
+    async def _lease(
+        self, feed: Feed, config: QueueConfig, delivered: Delivered, vt: float
+    ) -> Received | None:
+        """Start a lease on a delivery (or dead-letter it if it is past its attempts)."""
+        props = delivered.header.properties
+        headers = dict(props.headers or {})
+        prior = int(headers.get(PRIOR, 0))
+        if topology.quorum(config):
+            returned = int(headers.get("x-delivery-count", 0))
+        else:
+            returned = 1 if delivered.delivery.redelivered else 0
+        attempt = prior + returned + 1
+        mid = props.message_id or self._new_id()
+        try:
+            enqueued_at = id_time(parse_id(mid))
+        except ValueError:
+            enqueued_at = self.clock.now()
+        now = self.clock.now()
+        lease = Lease(
+            feed.queue,
+            feed,
+            feed.generation,
+            delivered.delivery.delivery_tag,
+            mid,
+            delivered.body,
+            headers,
+            props.priority or 0,
+            attempt,
+            now + vt,
+            enqueued_at,
+        )
+        if config.max_attempts is not None and attempt > config.max_attempts:
+            # its consumers died holding it: it had its attempts, it is not delivered again
+            await self._dead_letter(lease, config, "max_attempts", attempts=attempt - 1)
+            return None
+        try:
+            number = parse_id(mid) & _ID_MASK
+        except ValueError:  # a message from another publisher: any number will do
+            number = self._tag
+        receipt = make_receipt(number, (self._tag << 32) | next(self._seq))
+        self._leases[receipt] = lease
+        feed.leases += 1
+        heapq.heappush(self._deadlines, (lease.deadline, receipt))
+        self._kick.set()
+        if attempt > 1:
+            self._count(feed.queue, "redelivered")
+        return Received(
+            mid,
+            delivered.body,
+            attributes_of(headers, mid, self._level_queues),
+            attempt,
+            enqueued_at,
+            lease.priority,
+            text(headers[GROUP]) if GROUP in headers else None,
+            receipt,
+            feed.queue,
+        )
+
+    # -- settling --------------------------------------------------------------------------
+    def _current(self, queue: str, receipt: str) -> Lease | None:
+        parse_receipt(receipt)  # InvalidMessage for one fairq never made
+        lease = self._leases.get(receipt)
+        if lease is None or lease.queue != queue:
+            return None
+        if lease.generation != self.link.generation or not lease.feed.live():
+            self._end(receipt)
+            return None
+        if lease.deadline <= self.clock.now():
+            return None  # ran out: _expire_leases returns it
+        return lease
+
+    def _end(self, receipt: str) -> Lease | None:
+        lease = self._leases.pop(receipt, None)
+        if lease is not None:
+            lease.feed.leases -= 1
+        return lease
+
+    async def _settle(self, lease: Lease, how: str, requeue: bool = False) -> None:
+        """Ack (``ack``) or nack (``nack``, requeue or not) the lease's delivery."""
+        ch = lease.feed.channel
+        if ch is None or ch.is_closed:
+            raise LeaseLost([], "the channel of this delivery closed")
+        if how == "ack":
+            lease.feed.ack(lease.tag)
+            return
+        lease.feed.nacked(lease.tag)
+        with driver_errors(f"settling a delivery of {lease.queue!r}", self.url.masked):
+            await ch.basic_nack(lease.tag, requeue=requeue)
+
+    async def ack(self, queue: str, receipts: list[str]) -> list[str]:
+        await self._config(queue)
+        await self._expire_leases()
+        lost = []
+        acked = 0
+        for receipt in receipts:
+            lease = self._current(queue, receipt)
+            if lease is None:
+                lost.append(receipt)
+                continue
+            self._end(receipt)
+            await self._settle(lease, "ack")
+            acked += 1
+        if acked:
+            self._count(queue, "acked", acked)
+            self.wakeups.notify([queue])
+        return lost
+
+    def _one(self, queue: str, receipt: str) -> Lease:
+        lease = self._current(queue, receipt)
+        if lease is None:
+            raise LeaseLost([receipt])
+        self._end(receipt)
+        return lease
+
+    async def nack(self, queue: str, receipt: str, delay: float) -> None:
+        config = await self._config(queue)
+        await self._expire_leases()
+        lease = self._one(queue, receipt)
+        self._count(queue, "nacked")
+        await self._give_back(lease, config, delay)
+
+    async def _give_back(self, lease: Lease, config: QueueConfig, delay: float) -> None:
+        """A delivery ended without success (nack or expired lease): visible again after
+        ``delay``, or dead-lettered if it was the last allowed attempt."""
+        if config.max_attempts is not None and lease.attempt >= config.max_attempts:
+            await self._dead_letter(lease, config, "max_attempts")
+        elif delay > 0:
+            await self._copy(lease, lease.queue, lease.attempt, delay)
+        elif topology.quorum(config):
+            lease.feed.returns(lease.message_id)
+            await self._settle(lease, "nack", requeue=True)  # to the tail, x-delivery-count + 1
+        else:
+            await self._copy(lease, lease.queue, lease.attempt, 0.0)
+        self.wakeups.notify([lease.queue])
+
+    async def _copy(self, lease: Lease, queue: str, prior: int, delay: float) -> None:
+        """Publish a copy of the leased message to ``queue`` (after ``delay``) whose deliveries
+        start after ``prior`` attempts, then ack the original."""
+        headers = {k: v for k, v in lease.headers.items() if not hidden(k)}
+        if prior:
+            headers[PRIOR] = prior
+        exchange, key = await self._route(queue, delay)
+        (took,) = await self._publish(
+            [(exchange, key, lease.body, headers, lease.priority, lease.message_id)],
+            f"requeueing a message of {lease.queue!r}",
+        )
+        if not took:
+            raise QueueFull(queue, 0, "RabbitMQ refused the message back", "reject")
+        await self._settle(lease, "ack")
+
+    async def _dead_letter(
+        self,
+        lease: Lease,
+        config: QueueConfig,
+        reason: str,
+        detail: str | None = None,
+        attempts: int | None = None,
+    ) -> None:
+        if reason == "expired":
+            self._count(lease.queue, "expired")
+        target = config.dead_letter
+        if target is None:
+            self._count(lease.queue, "discarded")
+            await self._settle(lease, "ack")
+            return
+        attrs = attributes_of(lease.headers, lease.message_id, self._level_queues)
+        headers: dict[str, Any] = dead_letter_attributes(
+            attrs,
+            reason,
+            lease.queue,
+            lease.message_id,
+            lease.attempt if attempts is None else attempts,
+            detail,
+        )
+        (took,) = await self._publish(
+            [("", target, lease.body, headers, 0, self._new_id())],
+            f"dead-lettering a message of {lease.queue!r}",
+        )
+        if not took:
+            raise QueueFull(target, 0, "the dead-letter queue refused the message", "reject")
+        await self._settle(lease, "ack")
+        self._count(lease.queue, "dead_lettered")
+
+    async def extend(self, queue: str, receipts: list[str], seconds: float) -> list[str]:
+        await self._config(queue)
+        await self._expire_leases()
+        lost = []
+        now = self.clock.now()
+        for receipt in receipts:
+            lease = self._current(queue, receipt)
+            if lease is None:
+                lost.append(receipt)
+                continue
+            lease.deadline = now + seconds
+            heapq.heappush(self._deadlines, (lease.deadline, receipt))
+        self._kick.set()
+        return lost
+
+    async def release(self, queue: str, receipts: list[str]) -> list[str]:
+        await self._config(queue)
+        await self._expire_leases()
+        lost = []
+        for receipt in receipts:
+            lease = self._current(queue, receipt)
+            if lease is None:
+                lost.append(receipt)
+                continue
+            self._end(receipt)
+            await self._copy(lease, queue, lease.attempt - 1, 0.0)
+        self.wakeups.notify([queue])
+        return lost
+
+    async def dead_letter(self, queue: str, receipt: str, reason: str) -> None:
+        config = await self._config(queue)
+        await self._expire_leases()
+        lease = self._one(queue, receipt)
+        await self._dead_letter(lease, config, "rejected", reason)
+        self.wakeups.notify([queue])
+
+    # -- lease ends ------------------------------------------------------------------------
+    async def _expire_leases(self) -> None:
+        """Give back every lease of this process whose visibility timeout has run out."""
+        heap = self._deadlines
+        if not heap:
+            return
+        now = self.clock.now()
+        while heap and heap[0][0] <= now:
+            deadline, receipt = heapq.heappop(heap)
+            lease = self._leases.get(receipt)
+            if lease is None or lease.deadline != deadline:
+                continue  # settled, or extended (a later entry)
+            self._end(receipt)
+            if lease.generation != self.link.generation or not lease.feed.live():
+                continue  # its channel closed: the broker has it back already
+            try:
+                config = await self._config(lease.queue)
+                await self._give_back(lease, config, 0.0)
+            except QueueNotFound:
+                continue
+            except Exception:
+                log.warning("could not return an expired lease of %s", lease.queue, exc_info=True)
+
+    async def _lease_timer(self) -> None:
+        """Return expired leases while nobody calls in (other processes wait for them)."""
+        while True:
+            self._kick.clear()
+            heap = self._deadlines
+            sleep = 1.0
+            if heap:
+                sleep = min(sleep, max(0.0, heap[0][0] - self.clock.now()))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(sleep):
+                    await self._kick.wait()
+            try:
+                await self._expire_leases()
+            except Exception:
+                log.warning("lease timer failed", exc_info=True)
+
+    async def _return_held(self) -> None:
+        """On close: give back what the feeds prefetched but nobody leased, each as a copy
+        with its attempts so far (a channel close would count one more on quorum queues)."""
+        for feed in list(self._feeds.values()):
+            held = await feed.stop()
+            if not held or not feed.live():
+                continue
+            config = await self._config(feed.queue)
+            for delivered in held:
+                headers = dict(delivered.header.properties.headers or {})
+                lease = Lease(
+                    feed.queue,
+                    feed,
+                    feed.generation,
+                    delivered.delivery.delivery_tag,
+                    delivered.header.properties.message_id or self._new_id(),
+                    delivered.body,
+                    headers,
+                    delivered.header.properties.priority or 0,
+                    0,
+                    0.0,
+                    0.0,
+                )
+                prior = int(headers.get(PRIOR, 0))
+                if topology.quorum(config):
+                    prior += int(headers.get("x-delivery-count", 0))
+                await self._copy(lease, feed.queue, prior, 0.0)
+
+    async def next_due(self) -> float | None:
+        heap = self._deadlines
+        while heap and heap[0][1] not in self._leases:
+            heapq.heappop(heap)
+        return heap[0][0] if heap else None

@@ -1,0 +1,225 @@
+"""The connection to RabbitMQ: URL parsing, aio-pika's robust connection, fairq's channels,
+and the one place driver errors become fairq errors.
+
+aio-pika's ``RobustConnection`` reconnects by itself (with backoff) after a broker restart or
+a dropped connection. fairq opens its channels on the connection aio-pika currently holds
+(aiormq channels: one publisher channel in confirm mode, one for declarations, one per
+consumed queue) and opens them again on the new connection; each reconnect starts a new
+*generation*, and deliveries of an older one can no longer be settled (``LeaseLost``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, NoReturn
+from urllib.parse import parse_qsl, quote, unquote, urlsplit, urlunsplit
+
+from ...errors import (
+    BackendError,
+    ConfigConflict,
+    ConnectionError,
+    InvalidOption,
+    QueueNotFound,
+)
+from ..open import mask_url
+
+try:
+    import aio_pika
+    import aiormq
+    import aiormq.abc
+    import aiormq.exceptions
+    from pamqp import commands as spec
+except ImportError as exc:  # pragma: no cover - the extra is missing
+    raise ConnectionError("the RabbitMQ backend needs aio-pika: pip install 'fairq[amqp]'") from exc
+
+__all__ = ["AmqpUrl", "DeliveryError", "Link", "driver_errors", "parse_url", "spec"]
+
+log = logging.getLogger("fairq.amqp")
+
+Channel = aiormq.abc.AbstractChannel
+DeliveryError = aiormq.exceptions.DeliveryError
+
+#: what the driver raises when the broker is gone or refuses (anything else is a bug)
+DRIVER_ERRORS: tuple[type[BaseException], ...] = (
+    aiormq.exceptions.AMQPError,
+    OSError,  # includes builtins.ConnectionError
+    asyncio.TimeoutError,
+    RuntimeError,  # aiormq: "... closed" on a channel whose connection went away
+)
+
+_OPTIONS = ("store", "prefetch", "management", "timeout", "name")
+
+
+@dataclass(frozen=True, slots=True)
+class AmqpUrl:
+    """A parsed ``amqp://`` URL: the broker URL aio-pika gets, fairq's own options."""
+
+    broker: str  # without fairq's query options
+    masked: str  # the whole URL, passwords masked
+    host: str
+    port: int
+    vhost: str
+    user: str
+    password: str
+    tls: bool
+    store: str | None
+    prefetch: int
+    management: str | None  # base URL of the management HTTP API, or None for "do not use"
+    timeout: float
+    name: str
+
+
+def parse_url(url: str) -> AmqpUrl:
+    """Split ``amqp[s]://user:pass@host:port/vhost?store=...&prefetch=...``.
+
+    Options: ``store`` (the URL of the backend that keeps what RabbitMQ cannot: required),
+    ``prefetch`` (deliveries a consumer may hold, default 200), ``management``
+    (``http://host:15672`` by default, ``off`` to never use the HTTP API), ``timeout``
+    (seconds to connect, default 10), ``name`` (the connection name shown by RabbitMQ).
+    Any other query option is passed to aio-pika.
+    """
+    masked = mask_url(url)
+    parts = urlsplit(url)
+    tls = parts.scheme.lower() == "amqps"
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    ours = {k: v for k, v in query if k in _OPTIONS}
+    theirs = [(k, v) for k, v in query if k not in _OPTIONS]
+    try:
+        port = parts.port or (5671 if tls else 5672)
+    except ValueError as exc:
+        raise ConnectionError(f"cannot open {masked!r}: bad port") from exc
+    host = parts.hostname or "localhost"
+    path = parts.path[1:] if parts.path.startswith("/") else parts.path
+    vhost = unquote(path) if path else "/"
+    try:
+        prefetch = int(ours.get("prefetch", "200"))
+        timeout = float(ours.get("timeout", "10"))
+    except ValueError as exc:
+        raise InvalidOption(f"bad prefetch or timeout in {masked!r}") from exc
+    if prefetch < 1 or timeout <= 0:
+        raise InvalidOption(f"prefetch must be >= 1 and timeout > 0 in {masked!r}")
+    management: str | None = ours.get("management", f"http://{host}:15672")
+    if management in ("off", "none", ""):
+        management = None
+    query_rest = "&".join(f"{quote(k)}={quote(v)}" for k, v in theirs)
+    broker = urlunsplit((parts.scheme, parts.netloc, parts.path or "/", query_rest, ""))
+    return AmqpUrl(
+        broker=broker,
+        masked=masked,
+        host=host,
+        port=port,
+        vhost=vhost,
+        user=unquote(parts.username or "guest"),
+        password=unquote(parts.password or "guest"),
+        tls=tls,
+        store=ours.get("store") or None,
+        prefetch=prefetch,
+        management=management,
+        timeout=timeout,
+        name=ours.get("name") or f"fairq {socket.gethostname()}:{os.getpid()}",
+    )
+
+
+def raise_driver_error(exc: BaseException, what: str, masked: str) -> NoReturn:
+    """Raise the fairq error for a driver exception met while doing ``what``."""
+    if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
+        raise QueueNotFound(what) from exc
+    if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
+        raise ConfigConflict(f"RabbitMQ refused {what}: {exc}") from exc
+    if isinstance(exc, aiormq.exceptions.ChannelAccessRefused):
+        raise ConnectionError(f"RabbitMQ at {masked!r} refused {what}: {exc}") from exc
+    if isinstance(exc, aiormq.exceptions.AMQPChannelError):
+        raise BackendError(f"RabbitMQ failed {what}: {exc}") from exc
+    raise ConnectionError(f"RabbitMQ at {masked!r} is unreachable ({what}): {exc!r}") from exc
+
+
+@contextlib.contextmanager
+def driver_errors(what: str, masked: str) -> Iterator[None]:
+    """Turn driver exceptions inside the block into fairq errors."""
+    try:
+        yield
+    except DRIVER_ERRORS as exc:
+        raise_driver_error(exc, what, masked)
+
+
+class Link:
+    """One robust connection and fairq's channels on it."""
+
+    def __init__(self, url: AmqpUrl) -> None:
+        self.url = url
+        self.generation = 0
+        self._conn: aio_pika.abc.AbstractRobustConnection | None = None
+        self._channels: dict[str, tuple[int, Channel]] = {}
+        self._lock = asyncio.Lock()
+        self.on_reconnect: list[Callable[[], None]] = []
+
+    async def open(self) -> None:
+        try:
+            self._conn = await aio_pika.connect_robust(
+                self.url.broker,
+                timeout=self.url.timeout,
+                client_properties={"connection_name": self.url.name},
+                reconnect_interval=0.5,
+                fail_fast=True,
+            )
+        except DRIVER_ERRORS as exc:
+            raise ConnectionError(f"cannot connect to {self.url.masked!r}: {exc}") from exc
+        except Exception as exc:  # aio-pika raises its own errors for bad credentials
+            raise ConnectionError(f"cannot connect to {self.url.masked!r}: {exc!r}") from exc
+        self._conn.reconnect_callbacks.add(self._reconnected)
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        self._channels.clear()
+        if conn is not None:
+            with contextlib.suppress(Exception):
+                await conn.close()
+
+    def _reconnected(self, *_: Any) -> None:
+        self.generation += 1
+        self._channels.clear()
+        log.warning("reconnected to %s (generation %d)", self.url.masked, self.generation)
+        for hook in self.on_reconnect:
+            hook()
+
+    def _raw(self) -> aiormq.abc.AbstractConnection:
+        conn = self._conn
+        if conn is None:
+            raise ConnectionError(f"the connection to {self.url.masked!r} is closed")
+        transport = conn.transport
+        if transport is None or transport.connection.is_closed:
+            raise ConnectionError(f"RabbitMQ at {self.url.masked!r} is unreachable (reconnecting)")
+        return transport.connection
+
+    def cached(self, key: str) -> Channel | None:
+        """The open channel ``key`` of the current generation, if there is one."""
+        got = self._channels.get(key)
+        if got is not None and got[0] == self.generation and not got[1].is_closed:
+            return got[1]
+        return None
+
+    async def channel(self, key: str, confirms: bool = False, prefetch: int = 0) -> Channel:
+        """Channel ``key`` of the current connection, opened (again) if needed."""
+        ch = self.cached(key)
+        if ch is not None:
+            return ch
+        async with self._lock:
+            ch = self.cached(key)
+            if ch is not None:
+                return ch
+            with driver_errors("opening a channel", self.url.masked):
+                ch = await self._raw().channel(publisher_confirms=confirms)
+                if prefetch:
+                    await ch.basic_qos(prefetch_count=prefetch)
+            self._channels[key] = (self.generation, ch)
+            return ch
+
+    def forget(self, key: str) -> Channel | None:
+        got = self._channels.pop(key, None)
+        return got[1] if got is not None else None

@@ -1,0 +1,239 @@
+"""The RabbitMQ backend's topics: a topic exchange per topic, a queue per subscription.
+
+The store keeps the topic, its subscriptions and counters. A subscription's queue is bound
+to the topic exchange with its routing pattern, so any AMQP client publishing to the
+exchange reaches every subscription without a filter. fairq's own ``publish`` decides the
+matching subscriptions itself (the same ``SubscriptionIndex`` every backend uses, SNS
+filters included) and publishes **one** message to exactly their queues (the default
+exchange, the first queue as routing key, the others in the ``BCC`` header: RabbitMQ's
+sender-selected distribution), so all copies are routed at once, one confirm covers them,
+and a filtered subscription gets only what matches — nothing is filtered after the fact.
+A delayed publish sends one copy per matching queue through the delay wheel.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import orjson
+
+from ...errors import ConfigConflict, QueueFull, QueueNotFound, TopicNotFound
+from ...message import parse_id
+from ...model.queues import Envelope, QueueConfig
+from ...model.topics import PublishResult, Subscription, SubscriptionIndex, TopicConfig, TopicStats
+from ..rules import DedupPlan, plan_dedup, publish_plan, publish_results
+from . import topology
+from .link import driver_errors
+from .queues import AmqpQueues
+
+__all__ = ["AmqpTopics"]
+
+_SUBS_TTL = 2.0  # seconds a topic's subscriptions are cached for publishing
+
+
+class AmqpTopics(AmqpQueues):
+    """Topics over the RabbitMQ queues."""
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self._topics: dict[
+            str, tuple[TopicConfig, dict[str, Subscription], SubscriptionIndex, float]
+        ] = {}
+
+    def _forget_topic(self, topic: str) -> None:
+        self._topics.pop(topic, None)
+
+    async def _topic(
+        self, topic: str
+    ) -> tuple[TopicConfig, dict[str, Subscription], SubscriptionIndex]:
+        self._check_open()
+        hit = self._topics.get(topic)
+        now = time.monotonic()
+        if hit is not None and now - hit[3] < _SUBS_TTL:
+            return hit[0], hit[1], hit[2]
+        config = await self.store.topic_config(topic)  # TopicNotFound
+        subs = {s.name: s for s in await self.store.subscriptions(topic)}
+        index = SubscriptionIndex(subs.values())
+        self._topics[topic] = (config, subs, index, now)
+        return config, subs, index
+
+    async def declare_topic(self, name: str, config: TopicConfig) -> None:
+        self._check_open()
+        admin = await self.link.channel("admin")
+        with driver_errors(f"declaring topic {name!r}", self.url.masked):
+            await admin.exchange_declare(name, exchange_type="topic", durable=True)
+        await self.store.declare_topic(name, config)
+        self._forget_topic(name)
+
+    async def topic_config(self, name: str) -> TopicConfig:
+        return (await self._topic(name))[0]
+
+    async def delete_topic(self, name: str) -> bool:
+        self._check_open()
+        try:
+            subs = await self.store.subscriptions(name)
+        except TopicNotFound:
+            return False
+        for sub in subs:
+            await self.delete_queue(sub.queue)
+        existed = await self.store.delete_topic(name)
+        admin = await self.link.channel("admin")
+        with driver_errors(f"deleting topic {name!r}", self.url.masked):
+            await admin.exchange_delete(name)
+        await self.store.drop_counts(f"topic:{name}")
+        self._forget_topic(name)
+        return existed
+
+    async def list_topics(self, prefix: str = "") -> list[str]:
+        self._check_open()
+        return await self.store.list_topics(prefix)
+
+    async def subscribe(self, subscription: Subscription, config: QueueConfig) -> None:
+        topic = subscription.topic
+        await self._topic(topic)
+        old = {s.name: s for s in await self.store.subscriptions(topic)}.get(subscription.name)
+        if old is None:
+            try:
+                await self.store.queue_config(subscription.queue)
+            except QueueNotFound:
+                pass
+            else:
+                raise ConfigConflict(
+                    f"queue {subscription.queue!r} exists and is not a subscription of {topic!r}"
+                )
+        await self._prepare_queue(subscription.queue, config)
+        admin = await self.link.channel("admin")
+        with driver_errors(f"binding subscription {subscription.name!r}", self.url.masked):
+            if old is not None and old.filter is None:
+                pattern = topology.subscription_pattern(old.routing)
+                await admin.queue_unbind(subscription.queue, topic, routing_key=pattern)
+            if subscription.filter is None:
+                pattern = topology.subscription_pattern(subscription.routing)
+                await admin.queue_bind(subscription.queue, topic, routing_key=pattern)
+        await self.store.subscribe(subscription, config)
+        self._declared(subscription.queue, config)
+        self._forget_topic(topic)
+
+    async def unsubscribe(self, topic: str, name: str) -> bool:
+        await self._topic(topic)
+        subs = {s.name: s for s in await self.store.subscriptions(topic)}
+        sub = subs.get(name)
+        if sub is None:
+            return False
+        await self.store.unsubscribe(topic, name)
+        await self.delete_queue(sub.queue)
+        self._forget_topic(topic)
+        return True
+
+    async def subscriptions(self, topic: str) -> list[Subscription]:
+        await self._topic(topic)
+        return await self.store.subscriptions(topic)
+
+    async def publish(self, topic: str, envelopes: list[Envelope]) -> list[PublishResult]:
+        config, subs, index = await self._topic(topic)
+        ids = [self._new_id() for _ in envelopes]
+        scope = f"fairq.dedup:topic:{topic}"
+        earlier: dict[int, list[str]] = {}
+        claimed: list[str] = []
+        plan: DedupPlan
+        if config.dedup_window > 0 and any(e.dedup_id is not None for e in envelopes):
+            first: dict[str, int] = {}
+            for env, mid in zip(envelopes, ids, strict=True):
+                key = env.dedup_id
+                if key is None or key in first or key in claimed:
+                    continue
+                record = await self.store.claim(scope, key, mid, config.dedup_window, mid)
+                if record is None:
+                    claimed.append(key)
+                else:  # fingerprint: the first publication's id; result: its subscriptions
+                    n = parse_id(record.fingerprint or mid)
+                    first[key] = n
+                    earlier[n] = orjson.loads(record.raw) if record.raw else []
+            plan = plan_dedup(envelopes, first.get)
+        else:
+            plan = plan_dedup(envelopes, lambda _key: None)
+        copies = publish_plan(index, subs, plan.fresh)
+        position = {id(e): i for i, e in enumerate(envelopes)}
+        fresh_ids = [ids[position[id(e)]] for e in plan.fresh]
+        try:
+            await self._fan_out(topic, subs, copies.copies, copies.matched, fresh_ids)
+        except BaseException:
+            for key in claimed:
+                await self.store.forget_claim(scope, key)
+            raise
+        for key in claimed:  # the answer for later duplicates: the subscriptions it reached
+            index_of = next(i for i, e in enumerate(plan.fresh) if e.dedup_id == key)
+            await self.store.complete_claim(
+                scope,
+                key,
+                fresh_ids[index_of],
+                orjson.dumps(copies.matched[index_of]),
+                config.dedup_window,
+            )
+        made = [parse_id(m) for m in fresh_ids]
+        published = len(plan.fresh)
+        n_copies = sum(len(m) for m in copies.matched)
+        unmatched = sum(1 for m in copies.matched if not m)
+        await self.store.add_counts(
+            f"topic:{topic}",
+            {"published": published, "copies": n_copies, "unmatched": unmatched},
+        )
+        return publish_results(plan, made, copies.matched, earlier)
+
+    async def _fan_out(
+        self,
+        topic: str,
+        subs: dict[str, Subscription],
+        copies: list[Envelope],
+        matched: list[list[str]],
+        ids: list[str],
+    ) -> None:
+        items: list[tuple[str, str, bytes, dict[str, Any], int, str]] = []
+        counted: list[list[str]] = []
+        for env, names, mid in zip(copies, matched, ids, strict=True):
+            queues = [subs[n].queue for n in names]
+            if not queues:
+                continue
+            if env.delay > 0:
+                for q in queues:
+                    exchange, key = await self._route(q, env.delay)
+                    items.append((exchange, key, env.body, dict(env.attributes), 0, mid))
+                    counted.append([q])
+                continue
+            headers: dict[str, Any] = dict(env.attributes)
+            if len(queues) > 1:
+                headers["BCC"] = queues[1:]
+            items.append(("", queues[0], env.body, headers, 0, mid))
+            counted.append(queues)
+        if not items:
+            return
+        took = await self._publish(items, f"publishing to topic {topic!r}")
+        refused = [qs for qs, ok in zip(counted, took, strict=True) if not ok]
+        for qs, ok in zip(counted, took, strict=True):
+            if ok:
+                for q in qs:
+                    self._count(q, "sent")
+                    self.wakeups.notify([q])
+        if refused:
+            raise QueueFull(
+                refused[0][0],
+                0,
+                f"RabbitMQ refused {len(refused)} of {len(items)} publishes of topic {topic!r} "
+                "(a bounded subscription is full); the others were stored",
+                "reject",
+            )
+
+    async def topic_stats(self, topic: str) -> TopicStats:
+        await self._topic(topic)
+        counts = await self.store.read_counts(f"topic:{topic}")
+        subs = await self.store.subscriptions(topic)
+        return TopicStats(
+            published=counts.get("published", 0),
+            copies=counts.get("copies", 0),
+            unmatched=counts.get("unmatched", 0),
+            subscriptions=len(subs),
+        )
+
+    def listen_scope(self) -> Any:
+        return ("amqp", self.url.host, self.url.port, self.url.vhost)

@@ -1,0 +1,153 @@
+"""How fairq's queues, topics and delays map onto RabbitMQ's exchanges, queues and arguments.
+
+Everything fairq declares is durable; its own objects carry a ``/`` in their names, which
+fairq names never have, so they cannot collide with a user's queue or topic.
+
+* **A queue** ``Q`` is the RabbitMQ queue ``Q``: a quorum queue (replicated, ordered, with
+  ``x-delivery-count``), or a classic queue where quorum queues of RabbitMQ 3.x fall short:
+  with priorities (``x-max-priority``; quorum queues have none) or a ``max_length`` (a quorum
+  queue applies ``x-max-length`` after the fact and can go one message over). Arguments:
+  ``x-message-ttl`` = retention, ``x-max-length`` + ``x-overflow`` (``reject-publish`` for
+  ``reject``, ``drop-head`` for ``drop_oldest``), and the dead-letter exchange ``fairq/dlx``
+  with the routing key ``Q``: the broker dead-letters what it expires or drops there, and
+  ``fairq/dlx`` routes key ``Q`` to ``Q``'s dead-letter queue (a binding, so ``dead_letter``
+  can change; no binding is ``dead_letter=None``: the broker discards).
+* **A topic** ``T`` is the topic exchange ``T``; a subscription ``S`` is the queue ``T.S``
+  bound to it with its routing pattern (``#`` for none), so any AMQP publisher's messages
+  reach it. A subscription with an attribute filter is not bound: fairq's publisher
+  evaluates the filter and sends it the messages that match (``topics.py``).
+* **A delay** is a walk down a wheel of ``LEVELS`` TTL queues: level ``i`` holds a message
+  for ``2**i`` units of ``UNIT`` seconds (a queue-wide TTL, so its queue is FIFO by expiry
+  and never blocks a short delay behind a long one). The routing key spells the delay in
+  binary, one word per level, highest first, then the target queue's name; level
+  exchange ``i`` sends a message whose bit ``i`` is 1 to its level queue and one whose bit is
+  0 on to level ``i-1``; a level queue dead-letters into the next level's exchange; the
+  last level hands over to ``fairq/due``, where each queue is bound by its own name.
+  RabbitMQ's clock decides when a delay ends; a message passes at most ``LEVELS`` queues.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ...errors import Unsupported
+from ...model.queues import QueueConfig
+
+__all__ = [
+    "DLX",
+    "DUE",
+    "LEVELS",
+    "UNIT",
+    "delay_route",
+    "due_pattern",
+    "level_exchange",
+    "level_queue",
+    "queue_arguments",
+    "quorum",
+    "subscription_pattern",
+    "wheel",
+]
+
+DLX = "fairq/dlx"  # direct: dead letters by source queue name -> its dead-letter queue
+DUE = "fairq/due"  # topic: the end of every delay -> the target queue
+LEVELS = 29  # 2**29 units of 10 ms: delays up to 62 days
+UNIT = 0.01  # seconds per unit of the delay wheel
+MAX_TTL_MS = 2**32 - 1  # the largest x-message-ttl RabbitMQ takes
+MAX_DELAY = (2**LEVELS - 1) * UNIT
+ROUTING_KEY_MAX = 255
+
+
+def quorum(config: QueueConfig) -> bool:
+    """A fairq queue is a quorum queue unless it has priorities or a max_length (classic)."""
+    return config.max_priority == 0 and config.max_length is None
+
+
+def queue_arguments(name: str, config: QueueConfig) -> dict[str, Any]:
+    """The ``queue.declare`` arguments of fairq queue ``name``."""
+    if config.fifo:
+        raise Unsupported(
+            "FIFO groups (fifo=True) are not available on RabbitMQ: one queue delivers to "
+            "competing consumers without per-group leases (capability 'fifo')"
+        )
+    if config.overflow == "block":
+        raise Unsupported(
+            "overflow='block' is not available on RabbitMQ: use 'reject' (reject-publish) or "
+            "'drop_oldest' (drop-head) (capability 'overflow.block')"
+        )
+    ttl = math.ceil(config.retention * 1000)
+    if ttl > MAX_TTL_MS:
+        raise Unsupported(
+            f"retention above {MAX_TTL_MS / 1000:g} s is not available on RabbitMQ "
+            "(x-message-ttl is a 32-bit number of milliseconds)"
+        )
+    args: dict[str, Any] = {
+        "x-message-ttl": ttl,
+        "x-dead-letter-exchange": DLX,
+        "x-dead-letter-routing-key": name,
+    }
+    if quorum(config):
+        args["x-queue-type"] = "quorum"
+    else:
+        args["x-queue-type"] = "classic"
+        args["x-max-priority"] = config.max_priority
+    if config.max_length is not None:
+        args["x-max-length"] = config.max_length
+        args["x-overflow"] = "reject-publish" if config.overflow == "reject" else "drop-head"
+    return args
+
+
+def level_exchange(i: int) -> str:
+    return f"fairq/delay/{i:02d}"
+
+
+def level_queue(i: int) -> str:
+    return f"fairq/delay/{i:02d}"
+
+
+def _pattern(level: int, bit: str) -> str:
+    return "*." * (LEVELS - 1 - level) + bit + ".#"
+
+
+def wheel() -> list[tuple[str, str, dict[str, Any], list[tuple[str, str, str]]]]:
+    """The delay wheel: per level (exchange, queue, queue arguments, bindings), bindings as
+    (kind, destination, pattern) with kind ``queue`` or ``exchange``."""
+    levels = []
+    for i in range(LEVELS - 1, -1, -1):
+        after = level_exchange(i - 1) if i > 0 else DUE
+        args = {
+            "x-queue-type": "classic",
+            "x-message-ttl": round((2**i) * UNIT * 1000),
+            "x-dead-letter-exchange": after,
+        }
+        bindings = [
+            ("queue", level_queue(i), _pattern(i, "1")),
+            ("exchange", after, _pattern(i, "0")),
+        ]
+        levels.append((level_exchange(i), level_queue(i), args, bindings))
+    return levels
+
+
+def delay_route(delay: float, target: str) -> tuple[str, str]:
+    """(exchange, routing key) that brings a message to queue ``target`` after ``delay`` s."""
+    units = math.ceil(delay / UNIT - 1e-9)
+    if units >= 2**LEVELS:
+        raise Unsupported(f"delays above {MAX_DELAY:g} s are not available on RabbitMQ")
+    bits = format(units, f"0{LEVELS}b")
+    key = ".".join(bits) + "." + target
+    if len(key) > ROUTING_KEY_MAX:
+        raise Unsupported(
+            f"a delay to queue {target!r} does not fit a routing key: delays need queue "
+            f"names of at most {ROUTING_KEY_MAX - 2 * LEVELS} characters"
+        )
+    return level_exchange(LEVELS - 1), key
+
+
+def due_pattern(queue: str) -> str:
+    """The binding of ``queue`` on ``fairq/due``: any delay bits, then its name."""
+    return "*." * LEVELS + queue
+
+
+def subscription_pattern(routing: str | None) -> str:
+    """The binding pattern of a subscription on its topic exchange."""
+    return "#" if routing is None else routing

@@ -1,0 +1,247 @@
+"""The base of the Redis backend's capabilities: the client, the scripts, the clock
+handed to them, wake-ups, and the outbox that carries Cluster moves between families.
+
+Each seam method is one script (``scripts/<operation>.lua``) on the slot of one family;
+``KEYS.md`` lists every key. A script's ``now`` is the broker's clock (so tests drive time
+with ``ManualClock``), or Redis's own ``TIME`` with ``?clock=server``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from ...clock import Clock
+from ...errors import BackendError, ConnectionError, QueueNotFound
+from ...model.queues import QueueConfig
+from ..base import Backend
+from .conn import (
+    Client,
+    DriverErrors,
+    RedisOptions,
+    ScriptError,
+    Scripts,
+    driver_error,
+    family,
+    make_client,
+    raise_if_cancelled,
+    rex,
+    run_script,
+    script_error,
+)
+from .wake import Subscriber
+
+log = logging.getLogger("fairq.redis")
+
+_OUTBOX_BATCH = 100
+
+
+def _config_json(config: QueueConfig) -> str:
+    return orjson.dumps(config.to_dict()).decode()
+
+
+class RedisCore(Backend):
+    """Connection, scripts, wake-ups; the capabilities are mixins on top."""
+
+    poll_interval = 1.0
+
+    def __init__(self, opts: RedisOptions, clock: Clock) -> None:
+        super().__init__(clock)
+        self.opts = opts
+        self.url = opts.url
+        self.prefix = opts.prefix
+        self._cluster_flag = "1" if opts.cluster else "0"
+        self._scripts = Scripts({"DLQ_CONFIG": _config_json(QueueConfig.for_dead_letters())})
+        self._client: Client = None
+        self._subscriber: Subscriber | None = None
+        self._due: dict[str, float] = {}  # queue -> next due time, learnt from replies
+        self._known_families: set[str] = set()
+        self._resets_seen = 0
+        self._last_safety = time.monotonic()
+        self._closed = False
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def open(self) -> None:
+        self._client = make_client(self.opts)
+        try:
+            if self.opts.cluster:
+                await self._client.initialize()
+                node = self._client.get_default_node()
+                where = (node.host, node.port)
+            else:
+                await self._client.ping()
+                where = (self.opts.host, self.opts.port)
+        except DriverErrors as exc:
+            await self._close_client()
+            try:
+                driver_error(exc, self.url)
+            except BackendError as err:  # at open, any failure means "cannot connect"
+                raise ConnectionError(f"cannot open {self.url!r}: {err}") from exc
+        self._subscriber = Subscriber(
+            self.opts, where, self._on_wake, self._on_reset, self._on_listen
+        )
+        await self._subscriber.start(self.opts.connect_timeout)
+
+    async def _close_client(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            try:
+                await client.aclose()
+            except Exception:  # closing must not fail
+                log.debug("closing the redis client failed", exc_info=True)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.wakeups.close()
+        if self._subscriber is not None:
+            await self._subscriber.close()
+        await self._close_client()
+
+    # -- keys and scripts ------------------------------------------------------------------
+    def fkey(self, name: str, suffix: str) -> str:
+        """A family-level key of the family of ``name``."""
+        return f"{self.prefix}{{{family(name)}}}:{suffix}"
+
+    def qkey(self, name: str, suffix: str) -> str:
+        """A key of queue ``name``."""
+        return f"{self.prefix}{{{family(name)}}}:q:{name}:{suffix}"
+
+    def _now_arg(self) -> str:
+        return "" if self.opts.server_clock else repr(self.clock.now())
+
+    async def run(self, script: str, name: str, *args: Any) -> Any:
+        """Run ``script`` on the slot of ``name``'s family; script errors come back as
+        :class:`ScriptError`, driver errors as fairq errors."""
+        if self._client is None:
+            raise BackendError("the redis backend is closed")
+        header = (self.prefix, self._now_arg(), self._cluster_flag)
+        try:
+            return await run_script(
+                self._client, self._scripts[script], (self.fkey(name, "due"),), (*header, *args)
+            )
+        except rex.ResponseError as exc:
+            err = script_error(exc)
+            if err is not None:
+                raise err from None
+            driver_error(exc, self.url)
+        except DriverErrors as exc:
+            driver_error(exc, self.url)
+
+    async def run_key(self, script: str, key: str, *args: Any) -> Any:
+        """Run ``script`` on the slot of ``key`` (``KEYS[1]``)."""
+        if self._client is None:
+            raise BackendError("the redis backend is closed")
+        header = (self.prefix, self._now_arg(), self._cluster_flag)
+        try:
+            return await run_script(self._client, self._scripts[script], (key,), (*header, *args))
+        except rex.ResponseError as exc:
+            err = script_error(exc)
+            if err is not None:
+                raise err from None
+            driver_error(exc, self.url)
+        except DriverErrors as exc:
+            driver_error(exc, self.url)
+
+    async def command(self, *args: Any) -> Any:
+        """One plain Redis command (keys of one slot), driver errors as fairq errors."""
+        if self._client is None:
+            raise BackendError("the redis backend is closed")
+        try:
+            got = await self._client.execute_command(*args)
+            raise_if_cancelled()
+            return got
+        except DriverErrors as exc:
+            driver_error(exc, self.url)
+
+    def raise_common(self, err: ScriptError) -> None:
+        """Raise the fairq error for a script error every operation can give."""
+        if err.code == "NOQUEUE":
+            raise QueueNotFound(err.values[0]) from None
+        raise BackendError(f"redis script error {err.code}: {' '.join(err.values)}")
+
+    # -- the family index --------------------------------------------------------------------
+    async def add_families(self, *names: str) -> None:
+        """Remember the families of ``names`` (for listing); before anything is created.
+        The index only grows, so a family this broker added once needs no second call."""
+        new = {family(n) for n in names} - self._known_families
+        if new:
+            await self.command("SADD", f"{self.prefix}families", *new)
+            self._known_families |= new
+
+    async def families(self) -> list[str]:
+        got = await self.command("SMEMBERS", f"{self.prefix}families")
+        return sorted(g.decode() if isinstance(g, bytes) else g for g in got)
+
+    # -- the outbox (Cluster moves into another family) --------------------------------------
+    async def drain_outbox(self, name: str) -> None:
+        """Deliver what the family of ``name`` holds for queues in other families: store in
+        the target (once, by token), then drop from the outbox. Safe to repeat after a
+        crash and from several processes at once."""
+        if not self.opts.cluster:
+            return
+        key = self.fkey(name, "out")
+        while True:
+            entries = await self.command("LRANGE", key, 0, _OUTBOX_BATCH - 1)
+            if not entries:
+                return
+            tokens: list[str] = []
+            by_target: dict[str, list[bytes]] = {}
+            for raw in entries:
+                target, token, packed = raw.split(b"\t", 2)
+                tokens.append(token.decode())
+                by_target.setdefault(target.decode(), []).extend((token, packed))
+            for target, pairs in by_target.items():
+                await self.run("deliver", target, target, "1", *pairs)
+                self.wakeups.notify([target])
+            try:
+                await run_script(
+                    self._client,
+                    self._scripts["outbox"],
+                    (key,),
+                    (self.prefix, self._now_arg(), self._cluster_flag, *tokens),
+                )
+            except DriverErrors as exc:
+                driver_error(exc, self.url)
+            if len(entries) < _OUTBOX_BATCH:
+                return
+
+    # -- wake-ups --------------------------------------------------------------------------
+    def _on_wake(self, names: Sequence[str]) -> None:
+        for n in names:
+            self._due.pop(n, None)
+        self.wakeups.notify(names)
+
+    def _on_reset(self) -> None:
+        self._due.clear()
+        self.wakeups.notify_all()
+
+    def _on_listen(self, topic: str, data: bytes) -> None:
+        """An ephemeral publication arrived (see topics.py)."""
+
+    def learn_due(self, queue: str, due: bytes | str | None) -> None:
+        if due:
+            self._due[queue] = float(due)
+        else:
+            self._due.pop(queue, None)
+
+    async def next_due(self) -> float | None:
+        watched = self.wakeups.watched()
+        dues = [self._due[q] for q in watched if q in self._due]
+        return min(dues) if dues else None
+
+    async def changed_elsewhere(self) -> bool:
+        sub = self._subscriber
+        if sub is not None and sub.resets != self._resets_seen:
+            self._resets_seen = sub.resets
+            return True
+        now = time.monotonic()
+        if now - self._last_safety >= self.opts.safety_poll:
+            self._last_safety = now  # the slow safety poll: a lost notification costs this
+            return True
+        return False

@@ -1,0 +1,20 @@
+-- attention_stats: the domain's counters, pending signals, running slices and keys.
+-- KEYS[1] the data family's due index
+-- ARGV: header; 1 domain
+-- returns {counters (flat field/value), pending, slices, keys} | error FQ:NODOMAIN
+local fb = string.sub(KEYS[1], 1, -4)
+sweep_family(fb)
+local d = load_domain(fb, arg(1))
+if not d then finish(); return fail('NODOMAIN', arg(1)) end
+sweep_domain(d)
+local pending = 0
+for _, tenant in ipairs(redis.call('ZRANGE', d.a .. 'turns', 0, -1)) do
+  pending = pending + redis.call('LLEN', d.a .. 't:' .. tenant)
+end
+for _, key in ipairs(redis.call('ZRANGE', d.a .. 'delayed', 0, -1)) do
+  pending = pending + redis.call('ZCARD', d.a .. 'kd:' .. key)
+end
+local out = {redis.call('HGETALL', d.a .. 'n'), pending, redis.call('ZCARD', d.a .. 'slices'),
+  redis.call('ZCARD', d.a .. 'keys')}
+finish()
+return out

@@ -1,0 +1,51 @@
+-- attention_take: take signals in fair order (next_signal) until one yields a slice,
+-- dropping, parking, blocking, rate-limiting or finding empty the others and counting
+-- each (SPEC §5 rule 3); the slice holds a concurrency token of its key (a lease).
+-- KEYS[1] the data family's due index
+-- ARGV: header; 1 domain, 2 the new slice's token
+-- returns {key, queue, token, plan name, plan JSON} | {next due time or ""} when no signal
+--         is due | error FQ:NODOMAIN
+local fb = string.sub(KEYS[1], 1, -4)
+sweep_family(fb)
+local d = load_domain(fb, arg(1))
+if not d then finish(); return fail('NODOMAIN', arg(1)) end
+sweep_domain(d)
+for _ = 1, 256 do
+  local key = next_signal(d)
+  if not key then break end
+  local k = load_key(d, key)
+  if k then
+    k.pending = k.pending - 1
+    k.ready = k.ready - 1
+    local plan = plan_of(d, k)
+    local v = key_view(d, k)
+    local action, resignal_at, fan_out = on_signal(v, plan)
+    if action == 'drop' then
+      count(d, 'discarded:' .. k.state, 1)
+    elseif action == 'park' then
+      k.parked = true
+      count(d, 'parked', 1)
+    elseif action ~= 'slice' then
+      count(d, action == 'block' and 'blocked' or action, 1)
+      if action == 'rate_limited' then k.tokens, k.tokens_at = v.tokens, NOW end
+      if action == 'empty' and not resignal_at then note_backlog(d, k, v.waiting_due ~= nil) end
+    end
+    if resignal_at then signal(d, k, resignal_at) end
+    if action == 'slice' then
+      local token = arg(2)
+      redis.call('ZADD', d.a .. 'slices', NOW + d.config.slice_lease, token)
+      redis.call('HSET', d.a .. 'sk', token, key)
+      k.active = k.active + 1
+      k.tokens, k.tokens_at = v.tokens, NOW
+      if fan_out then signal(d, k, NOW) end
+      save_key(d, k)
+      finish()
+      local p = d.config.plans[k.plan] and k.plan or d.config.default_plan
+      return {key, k.queue, token, p, cjson.encode(d.config.plans[p])}
+    end
+    save_key(d, k)
+  end
+end
+local due = domain_due(d)
+finish()
+return {due and tostring(due) or ''}

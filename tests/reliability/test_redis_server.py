@@ -1,0 +1,161 @@
+"""Redis restarts and kill -9 of redis-server itself (SPEC §10 rule 2, §3 rule 14), on a
+private redis-server in this suite's port range (never the shared one):
+
+* during an outage every operation raises ``fairq.ConnectionError`` within its timeout,
+  and the same broker works again once Redis is back, with no user action;
+* a running ``Worker`` keeps running through the outage and resumes consuming;
+* with ``appendonly yes`` and ``appendfsync always``, a kill -9 of redis-server loses no
+  send that had returned (a producer process sends batches; Redis dies under it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import fairq
+from redis_servers import RedisServer, available
+
+HERE = Path(__file__).parent
+
+pytestmark = pytest.mark.skipif(not available(), reason="redis-server is not installed")
+
+AOF = ("--appendonly", "yes", "--appendfsync", "always")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[RedisServer]:
+    s = RedisServer(tmp_path, None, *AOF).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+def _spawn_producer(url: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(HERE / "procs.py"), "send", url, "100"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
+
+
+def _url(server: RedisServer) -> str:
+    return f"{server.url}?prefix=r:&timeout=1&connect_timeout=0.5"
+
+
+async def test_outage_raises_then_the_same_broker_works_again(server: RedisServer) -> None:
+    async with await fairq.connect(_url(server)) as broker:
+        q = await broker.declare_queue("work")
+        before = await q.send(b"before")
+        server.kill()
+        for op in (q.send(b"x"), q.receive(), q.stats(), broker.list_queues()):
+            started = time.monotonic()
+            with pytest.raises(fairq.ConnectionError) as info:
+                await op
+            assert time.monotonic() - started < 5, "an operation hung past its timeout"
+            assert "127.0.0.1" in str(info.value)
+        server.start()  # same port, same directory: the AOF comes back
+        after = await q.send(b"after")
+        got = await q.receive(max_messages=10)
+        assert [m.id for m in got] == [before, after]
+        assert [m.body for m in got] == [b"before", b"after"]
+
+
+async def test_a_long_poll_survives_a_restart(server: RedisServer) -> None:
+    async with (
+        await fairq.connect(_url(server)) as broker,
+        await fairq.connect(_url(server)) as other,
+    ):
+        q = await broker.declare_queue("work")
+        server.kill()
+        server.start()
+        waiter = asyncio.create_task(q.receive(wait=10))
+        await asyncio.sleep(0.5)  # the wake-up connection has come back meanwhile
+        await other.queue("work").send(b"x")
+        got = await asyncio.wait_for(waiter, 10)
+        assert [m.body for m in got] == [b"x"]
+
+
+async def test_a_running_worker_resumes_after_a_restart(server: RedisServer) -> None:
+    async with await fairq.connect(_url(server)) as broker:
+        q = await broker.declare_queue("jobs", visibility_timeout=5)
+        seen: set[bytes] = set()
+        ten, twenty = asyncio.Event(), asyncio.Event()
+        worker = fairq.Worker(broker, concurrency=4, handle_signals=False, poll_wait=0.5)
+
+        @worker.queue("jobs")
+        async def handle(msg: fairq.Received) -> None:
+            seen.add(msg.body)
+            if len(seen) >= 10:
+                ten.set()
+            if len(seen) >= 20:
+                twenty.set()
+
+        task = asyncio.create_task(worker.run())
+        try:
+            await q.send_batch([fairq.Outgoing(f"a{i}") for i in range(10)])
+            await asyncio.wait_for(ten.wait(), 10)
+            server.kill()
+            await asyncio.sleep(1.5)  # the worker meets the outage
+            assert not task.done(), f"the worker stopped: {task.exception()}"
+            server.start()
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    await q.send_batch([fairq.Outgoing(f"b{i}") for i in range(10)])
+                    break
+                except fairq.ConnectionError:
+                    await asyncio.sleep(0.1)
+            await asyncio.wait_for(twenty.wait(), 20)
+            assert not task.done(), f"the worker stopped: {task.exception()}"
+            assert seen >= {f"b{i}".encode() for i in range(10)}
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 10)
+
+
+async def test_kill_9_of_redis_with_aof_always_loses_no_returned_send(
+    server: RedisServer,
+) -> None:
+    url = _url(server)
+    async with await fairq.connect(url) as broker:
+        await broker.declare_queue("work")
+    child = _spawn_producer(url)
+    assert child.stdout is not None
+    acknowledged = -1
+    try:
+        kill_after = 20 + os.getpid() % 11
+        while acknowledged < kill_after:
+            line = child.stdout.readline()
+            assert line, "the producer died"
+            if line.startswith("sent"):
+                acknowledged = int(line.split()[1])
+        server.kill()  # Redis dies under the producer, mid-batch most likely
+    finally:
+        child.send_signal(signal.SIGKILL)
+        out = child.communicate()[0]
+    for line in out.splitlines():  # batches that returned before the producer noticed
+        if line.startswith("sent"):
+            acknowledged = max(acknowledged, int(line.split()[1]))
+    server.start()
+    async with await fairq.connect(url) as broker:
+        q = broker.queue("work")
+        per_batch: Counter[str] = Counter()
+        while batch := await q.receive(max_messages=1000):
+            per_batch.update(m.attributes["batch"] for m in batch)
+            await q.ack_batch([m.receipt for m in batch])
+    assert set(per_batch.values()) == {100}, f"a batch was partly stored: {per_batch}"
+    stored = {int(b) for b in per_batch}
+    assert set(range(acknowledged + 1)) <= stored, "a batch that send_batch returned for is lost"

@@ -1,0 +1,53 @@
+"""amqp:// URLs: options, the store, passwords masked in every error, refused connections."""
+
+from __future__ import annotations
+
+import pytest
+
+import fairq
+from fairq.backends.amqp.link import parse_url
+from fairq.backends.open import mask_url
+from services import require
+
+
+def test_parse_url_splits_fairq_options_from_the_broker_url() -> None:
+    u = parse_url(
+        "amqps://bob:s3cret@rabbit:5671/prod%2Feu?store=redis://:pw@cache:6379/0"
+        "&prefetch=50&management=off&heartbeat=30"
+    )
+    assert (u.host, u.port, u.vhost, u.user, u.password, u.tls) == (
+        "rabbit",
+        5671,
+        "prod/eu",
+        "bob",
+        "s3cret",
+        True,
+    )
+    assert u.store == "redis://:pw@cache:6379/0"
+    assert (u.prefetch, u.management) == (50, None)
+    assert u.broker == "amqps://bob:s3cret@rabbit:5671/prod%2Feu?heartbeat=30"
+    assert "s3cret" not in u.masked and "pw@" not in u.masked
+
+
+def test_nested_store_passwords_are_masked() -> None:
+    masked = mask_url("amqp://u:one@h/v?store=postgresql://p:two@db/x?password=three")
+    assert not any(s in masked for s in ("one", "two", "three"))
+
+
+async def test_a_url_without_a_store_is_refused() -> None:
+    with pytest.raises(fairq.ConnectionError) as info:
+        await fairq.connect("amqp://guest:secret@127.0.0.1:5672/")
+    assert "?store=" in str(info.value) and "secret" not in str(info.value)
+
+
+async def test_wrong_credentials_are_a_connection_error_with_the_password_masked() -> None:
+    require("amqp")
+    with pytest.raises(fairq.ConnectionError) as info:
+        await fairq.connect("amqp://guest:wrong-pass@127.0.0.1:5672/?store=memory://")
+    assert "wrong-pass" not in str(info.value) and "***" in str(info.value)
+
+
+async def test_an_unreachable_broker_is_a_connection_error() -> None:
+    with pytest.raises(fairq.ConnectionError) as info:
+        await fairq.connect("amqp://guest:pw@127.0.0.1:25699/?store=memory://&timeout=2")
+    assert "pw@" not in str(info.value)
