@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, quote, urlsplit
 
 import pytest
 
@@ -105,17 +105,22 @@ def backend_url(backend: str, tmp_path: Path, namespace: str) -> str:
         return f"{session_cluster()}?prefix=t-{namespace}:"
     if backend == "postgres":  # a schema of the test's own in this process's database
         return pg_url(re.sub(r"[^a-z0-9_]", "_", f"t_{namespace}".lower()))
-    if backend == "amqp":
-        return (
-            f"amqp://guest:guest@127.0.0.1:5672/{namespace}?store=sqlite:///{tmp_path / 'store.db'}"
-        )
+    if backend == "amqp":  # a vhost of the test's own; its store a key prefix on Redis
+        # (FAIRQ_AMQP_STORE=sqlite|postgres runs the suite with another store)
+        store = os.environ.get("FAIRQ_AMQP_STORE", "redis")
+        store_url = backend_url(store, tmp_path, namespace)
+        return f"amqp://guest:guest@127.0.0.1:5672/{namespace}?store={quote(store_url, safe='')}"
     raise AssertionError(f"no URL for backend {backend}")
 
 
 def drop_namespace(url: str) -> None:
     """Remove what a test left in its namespace: a Redis key prefix, a PostgreSQL schema
     (the embedded backends' files go with the test's temporary directory)."""
-    if url.startswith("redis"):
+    if url.startswith("amqp"):  # the vhost goes with the namespace fixture; the store here
+        store = parse_qs(urlsplit(url).query).get("store")
+        if store:
+            drop_namespace(store[0])
+    elif url.startswith("redis"):
         from redis_servers import drop_prefix
 
         drop_prefix(url)
