@@ -80,6 +80,7 @@ def _merge(batch: list[Job]) -> list[list[Job]]:
     """Split a batch into units: runs of adjacent sends (or receives with one lease length,
     or acks with distinct receipts) to the same queue, and single jobs."""
     units: list[list[Job]] = []
+    seen: set[str] = set()  # the receipts of the last unit, when it is a run of acks
     for job in batch:
         fn, args, _ = job
         if units and fn in _MERGEABLE:
@@ -92,12 +93,13 @@ def _merge(batch: list[Job]) -> list[list[Job]]:
                 if fn is store.receive and pargs[2] == args[2]:
                     last.append(job)
                     continue
-                if fn is store.ack:
-                    seen = {r for _, a, _ in last for r in a[1]}
-                    if seen.isdisjoint(args[1]):
-                        last.append(job)
-                        continue
+                if fn is store.ack and seen.isdisjoint(args[1]):
+                    seen.update(args[1])
+                    last.append(job)
+                    continue
         units.append([job])
+        if fn is store.ack:
+            seen = set(args[1])
     return units
 
 
