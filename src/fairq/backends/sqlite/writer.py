@@ -297,6 +297,8 @@ class Writer:
         self._scheduled = False
         conn = self.conn
         if conn is None or not self._pending:
+            if self._turns is not None:
+                self._turns.done()  # nothing left to wait for
             return
         if self._yield_until:
             loop = self._loop
