@@ -113,6 +113,14 @@ class _PushSettings:
 
 
 @dataclass(slots=True, eq=False)
+class _Acks:
+    """The acks of one queue's handled messages waiting for the next ``ack_batch``."""
+
+    queue: Queue
+    entries: list[tuple[_Consumer, Received]]
+
+
+@dataclass(slots=True, eq=False)
 class _Running:
     consumer: _Consumer
     msg: Received
@@ -149,7 +157,9 @@ class Runtime:
         self._consumers: dict[str, _Consumer] = {}
         self._running: dict[str, _Running] = {}
         self._free = concurrency
-        self._changed: asyncio.Condition | None = None
+        self._slot_waiters: list[asyncio.Future[None]] = []  # woken when slots free up
+        self._acks: dict[str, _Acks] = {}
+        self._ack_senders: set[asyncio.Task[None]] = set()
         self._stopping: asyncio.Event | None = None
         self._pool: concurrent.futures.ThreadPoolExecutor | None = None
         self._rng = random.Random()
@@ -230,7 +240,7 @@ class Runtime:
             )
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
-        self._changed = asyncio.Condition()
+        self._slot_waiters = []
         self._error = None
         self._pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.concurrency, thread_name_prefix="fairq-handler"
@@ -328,38 +338,41 @@ class Runtime:
         else:
             log.info("%s: finishing in-flight messages (grace %.0f s)", sig.name, self.grace)
         self._stopping.set()
-        if self._changed is not None:
-            self._signal_task = asyncio.ensure_future(self._notify())
+        self._slots_changed()
 
     async def _notify(self) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            self._changed.notify_all()
+        self._slots_changed()
+
+    def _slots_changed(self) -> None:
+        """Wake every task waiting in :meth:`_take_slots` to look again."""
+        waiters, self._slot_waiters = self._slot_waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
 
     async def _take_slots(self, c: _Consumer, most: int | None = None) -> int:
         """Wait for at least one free slot for ``c``; take as many as are free now (at most
         ``most``)."""
-        assert self._changed is not None and self._stopping is not None
-        async with self._changed:
-            await self._changed.wait_for(
-                lambda: (
-                    self._stopping.is_set()  # type: ignore[union-attr]
-                    or (self._free > 0 and c.busy < c.concurrency)
-                )
-            )
-            if self._stopping.is_set():
-                return 0
-            n = min(self._free, c.concurrency - c.busy, most or self.concurrency)
-            self._free -= n
-            c.busy += n
-            return n
+        stopping = self._stopping
+        assert stopping is not None
+        while not (stopping.is_set() or (self._free > 0 and c.busy < c.concurrency)):
+            waiter = asyncio.get_running_loop().create_future()
+            self._slot_waiters.append(waiter)
+            await waiter
+        if stopping.is_set():
+            return 0
+        n = min(self._free, c.concurrency - c.busy, most or self.concurrency)
+        self._free -= n
+        c.busy += n
+        return n
 
     async def _give_slots(self, c: _Consumer, n: int) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            self._free += n
-            c.busy -= n
-            self._changed.notify_all()
+        self._free_slots(c, n)
+
+    def _free_slots(self, c: _Consumer, n: int) -> None:
+        self._free += n
+        c.busy -= n
+        self._slots_changed()
 
     async def _consume(self, c: _Consumer) -> None:
         """Receive into free slots; wait for messages holding no slot, so an idle queue never
@@ -407,12 +420,66 @@ class Runtime:
 
     async def _handle(self, run: _Running) -> None:
         c, msg = run.consumer, run.msg
+        handled = False
         try:
-            if await self._invoke(c, msg):
-                await self._settle(msg.ack(), msg)
+            handled = await self._invoke(c, msg)
         finally:
+            # from here on no lease keeping: the ack is on its way (or nothing is left to do)
             self._running.pop(msg.receipt, None)
-            await self._give_slots(c, 1)
+            if handled:
+                self._queue_ack(c, msg)
+            self._free_slots(c, 1)
+
+    def _queue_ack(self, c: _Consumer, msg: Received) -> None:
+        """Ack a handled message together with the others of its queue handled in this pass
+        of the event loop: one ``ack_batch`` for all of them, sent in the next pass — where
+        the consumer's receive into the slots just freed joins it in one transaction (the
+        backend's group commit), so a drain costs one commit per batch, not two."""
+        q = queue_of(msg)
+        acks = self._acks.get(q.name)
+        if acks is None:
+            acks = self._acks[q.name] = _Acks(q, [])
+            asyncio.get_running_loop().call_soon(self._send_acks, q.name)
+        acks.entries.append((c, msg))
+
+    def _send_acks(self, name: str) -> None:
+        acks = self._acks.pop(name, None)
+        if acks is not None:
+            task = asyncio.create_task(self._ack_batch(acks), name=f"fairq-ack:{name}")
+            self._ack_senders.add(task)
+            task.add_done_callback(self._ack_senders.discard)
+
+    async def _ack_batch(self, acks: _Acks) -> None:
+        entries = acks.entries
+        lost: set[str] = set()
+        try:
+            await acks.queue.ack_batch([m.receipt for _, m in entries])
+        except LeaseLost as exc:
+            lost = set(exc.lost)
+        except Exception as exc:
+            # the leases end by themselves and the messages come back: at-least-once holds
+            level = logging.WARNING if isinstance(exc, ConnectionError) else logging.ERROR
+            log.log(
+                level, "could not ack %d message(s) on %s: %s", len(entries), acks.queue.name, exc
+            )
+        for _, msg in entries:
+            if msg.receipt in lost:
+                self.stats.lease_lost += 1
+                log.warning(
+                    "lease of message %s on %s was lost before it was settled; it will be "
+                    "delivered again (make the handler idempotent)",
+                    msg.id,
+                    msg.queue,
+                )
+
+    async def _settled(self) -> None:
+        """Wait until every queued ack has been sent (at shutdown)."""
+        while self._acks or self._ack_senders:
+            for name in list(self._acks):
+                self._send_acks(name)
+            await asyncio.wait(set(self._ack_senders), timeout=max(self.grace, 1.0))
+            if self._ack_senders and not self._acks:
+                return  # the engine does not answer: the leases bring the messages back
 
     async def _invoke(self, c: _Consumer, msg: Received) -> bool:
         """Run ``c``'s handler on ``msg``; settle a rejection (dead letter) or a failure (nack
@@ -572,6 +639,7 @@ class Runtime:
                 for t in pending:
                     t.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
+        await self._settled()
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

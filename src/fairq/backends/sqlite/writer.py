@@ -5,7 +5,10 @@ pass of the loop runs in ONE ``BEGIN IMMEDIATE`` transaction, each operation und
 own savepoint, so sixteen tasks sending one message each share a commit instead of
 paying sixteen; adjacent sends (receives, acks) to one queue even run as one operation.
 The connection never waits on SQLite's lock: when another process holds the write lock,
-the batch is retried a moment later without blocking the loop (up to ``busy_timeout``).
+the batch is retried a moment later without blocking the loop (up to ``busy_timeout``),
+and the writers of one file take turns (``turns.py``): a writer that has to wait says so,
+and one that has just committed yields to it, so a tight loop of commits in one process
+cannot starve another.
 
 WAL checkpoints (copying the log back into the database file, with an fsync) run on a
 background thread with a connection of its own, never on the loop, so a send does not
@@ -28,6 +31,7 @@ from ...message import Received
 from ..base import Wakeups
 from . import messages
 from . import queues as store
+from .turns import RETRY, YIELD_MAX, YIELD_POLL, Turns
 from .txn import Store, Txn, apply_schema
 
 __all__ = ["Writer", "engine_error"]
@@ -38,6 +42,7 @@ _MAX_BATCH = 512
 _DEDUP_CLEANUP_EVERY = 60.0
 _RETRY_FIRST = 0.0005
 _RETRY_MAX = 0.02
+_TURNS_FOR = 1.0  # seconds a writer that announced itself keeps trying every RETRY
 _CHECKPOINT_EVERY = 0.1  # seconds between looks at the WAL on the background thread
 # commits of this writer between checkpoints (about 4 WAL frames each): a checkpoint that
 # empties the WAL makes the next commit restart it, which fsyncs the new WAL header under
@@ -75,6 +80,7 @@ def _merge(batch: list[Job]) -> list[list[Job]]:
     """Split a batch into units: runs of adjacent sends (or receives with one lease length,
     or acks with distinct receipts) to the same queue, and single jobs."""
     units: list[list[Job]] = []
+    seen: set[str] = set()  # the receipts of the last unit, when it is a run of acks
     for job in batch:
         fn, args, _ = job
         if units and fn in _MERGEABLE:
@@ -87,12 +93,13 @@ def _merge(batch: list[Job]) -> list[list[Job]]:
                 if fn is store.receive and pargs[2] == args[2]:
                     last.append(job)
                     continue
-                if fn is store.ack:
-                    seen = {r for _, a, _ in last for r in a[1]}
-                    if seen.isdisjoint(args[1]):
-                        last.append(job)
-                        continue
+                if fn is store.ack and seen.isdisjoint(args[1]):
+                    seen.update(args[1])
+                    last.append(job)
+                    continue
         units.append([job])
+        if fn is store.ack:
+            seen = set(args[1])
     return units
 
 
@@ -124,6 +131,9 @@ class Writer:
         self._checkpointer: threading.Thread | None = None
         self._stop_checkpoints = threading.Event()
         self.commits = 0  # since open; read by the checkpointer thread (an int: no lock)
+        self._turns: Turns | None = None
+        self._yield_until = 0.0  # loop time until which this writer yields to waiters
+        self.yields = 0  # times this writer yielded its next transaction to a waiter
 
     # -- lifecycle -------------------------------------------------------------------------
     def _connect(self, busy_ms: int) -> sqlite3.Connection:
@@ -152,6 +162,7 @@ class Writer:
             raise ConnectionError(f"cannot open sqlite:///{self.path}{hint}: {exc}") from exc
         self.conn.execute("PRAGMA busy_timeout = 0")  # from now on: retried off the loop
         self.conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
+        self._turns = Turns.open(self.path)
         self._checkpointer = threading.Thread(
             target=self._checkpoint_loop, name=f"fairq-checkpoint:{self.path}", daemon=True
         )
@@ -201,9 +212,13 @@ class Writer:
         return conn
 
     async def close(self) -> None:
+        self._yield_until = 0.0
         if self._pending and self.conn is not None:
             self._flush()
         conn, self.conn = self.conn, None
+        if self._turns is not None:
+            self._turns.close()
+            self._turns = None
         if self._checkpointer is not None:
             self._stop_checkpoints.set()
             await asyncio.to_thread(self._checkpointer.join, 5)
@@ -222,7 +237,12 @@ class Writer:
         if conn is None or loop is None:
             raise BackendError("the sqlite backend is closed")
         fut: asyncio.Future[T] = loop.create_future()
-        if not self._scheduled and not self._pending and not getattr(loop, "_ready", True):
+        if (
+            not self._scheduled
+            and not self._pending
+            and not self._yield_until
+            and not getattr(loop, "_ready", True)
+        ):
             # nothing else is ready to run in this pass of the loop, so nothing could join
             # this transaction: run it now instead of one loop pass later
             self._run_now(conn, (fn, args, fut))
@@ -256,15 +276,38 @@ class Writer:
             conn.execute("COMMIT")
             self.commits += 1
         except Exception as exc:
+            self._turn_over()
             self._rolled_back(conn, exc, [job])
             return
+        self._turn_over()
         self._resolve([(fut, value, None)], t.notify)
+
+    def _turn_over(self) -> None:
+        """After a transaction: take back this writer's announcement, and yield the next
+        turn if another writer waits for the lock."""
+        turns = self._turns
+        if turns is not None:
+            turns.done()
+            if turns.others_wait():
+                assert self._loop is not None
+                self._yield_until = self._loop.time() + YIELD_MAX
+                self.yields += 1
 
     def _flush(self) -> None:
         self._scheduled = False
         conn = self.conn
         if conn is None or not self._pending:
+            if self._turns is not None:
+                self._turns.done()  # nothing left to wait for
             return
+        if self._yield_until:
+            loop = self._loop
+            assert loop is not None and self._turns is not None
+            if loop.time() < self._yield_until and self._turns.others_wait():
+                self._scheduled = True  # a waiter's turn: look again in a moment
+                loop.call_later(YIELD_POLL, self._flush)
+                return
+            self._yield_until = 0.0
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
@@ -278,6 +321,7 @@ class Writer:
         batch = self._pending[:_MAX_BATCH]
         del self._pending[:_MAX_BATCH]
         self._run_batch(conn, batch)
+        self._turn_over()
         if self._pending and not self._scheduled:
             self._scheduled = True
             assert self._loop is not None
@@ -295,10 +339,19 @@ class Writer:
             self._fail_pending(exc)
             return
         self._scheduled = True
+        turns = self._turns
+        if turns is not None and now - self._busy_since < _TURNS_FOR:
+            # say that we wait, so the holder yields after its commit; then try often
+            turns.announce()
+            if turns.waiting:
+                loop.call_later(RETRY, self._flush)
+                return
         loop.call_later(self._retry_delay, self._flush)
         self._retry_delay = min(self._retry_delay * 2, _RETRY_MAX)
 
     def _fail_pending(self, exc: BaseException) -> None:
+        if self._turns is not None:
+            self._turns.done()
         err = engine_error(exc)
         pending, self._pending = self._pending, []
         for _, _, fut in pending:
