@@ -231,7 +231,7 @@ class Scripts:
     """Every script of ``scripts/``, each with ``scripts/lib/*.lua`` (and the constants
     from ``constants``) prepended, so one place holds each rule."""
 
-    LIBS = ("core", "queue", "topic", "claim", "attention")
+    LIBS = ("core", "queue", "topic", "claim", "attention", "room")
 
     def __init__(self, constants: dict[str, str]) -> None:
         root = resources.files(__package__).joinpath("scripts")
