@@ -12,7 +12,12 @@ On a private redis-server (no persistence, a free port of 16400-16499):
    commands Redis ran meanwhile (``INFO commandstats``) divided by the keys — 0 per key
    is the goal (no polling of work queues).
 
-Results go to ``bench/results/attention-redis.json``.
+``--drain-seconds T`` bounds step 3 (at 1,000,000 keys a full drain takes hours on a
+small machine): the worker runs for T seconds and the rates and the small/noisy split of
+what it served are reported; steps 4 and the after-drain memory are then skipped.
+``--redis-config`` passes settings to redis-server (``"stream-node-max-bytes 512"``).
+
+Results go to ``bench/results/attention-redis.json`` (``--out`` to name another file).
 """
 
 from __future__ import annotations
@@ -35,15 +40,43 @@ from .queues import RESULTS, ROOT
 sys.path.insert(0, str(ROOT / "tests"))
 from redis_servers import RedisServer
 
+_PUBLISHER = """
+import asyncio, sys, time, fairq
+
+async def main(url, a, b):
+    async with await fairq.connect(url) as broker:
+        market = broker.attention("market")
+        sem = asyncio.Semaphore(64)
+        t0 = time.perf_counter()
+
+        async def one(i):
+            async with sem:
+                await market.publish(f"k{i}", b"x" * 200)
+
+        for start in range(a, b, 10_000):
+            await asyncio.gather(*(one(i) for i in range(start, min(b, start + 10_000))))
+            if (start - a) % 100_000 == 0:
+                rate = (start + 10_000 - a) / (time.perf_counter() - t0)
+                print(f"  [{a}] published {start + 10_000 - a:,} keys, {rate:,.0f}/s", flush=True)
+
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+"""
+
 
 def _commands(r: redis.Redis) -> int:
     return sum(int(v["calls"]) for v in r.info("commandstats").values())
 
 
 async def _run(
-    url: str, r: redis.Redis, keys: int, noisy: int, idle_seconds: float
+    url: str,
+    r: redis.Redis,
+    keys: int,
+    noisy: int,
+    idle_seconds: float,
+    drain_seconds: float | None = None,
+    publishers: int = 1,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"keys": keys, "noisy": noisy}
+    out: dict[str, Any] = {"keys": keys, "noisy": noisy, "drain_bound_s": drain_seconds}
     async with await fairq.connect(url) as broker:
         plans = {"basic": fairq.Plan(max_concurrency=2, max_messages=50, max_time=5.0)}
         market = await broker.declare_attention(
@@ -57,9 +90,25 @@ async def _run(
             async with sem:
                 await market.publish(f"k{i}", b"x" * 200)
 
-        for start in range(0, keys, 10_000):
-            await asyncio.gather(*(one(i) for i in range(start, min(keys, start + 10_000))))
+        if publishers > 1:  # processes of their own, each a range of keys
+            step = -(-keys // publishers)
+            procs = [
+                await asyncio.create_subprocess_exec(
+                    sys.executable, "-c", _PUBLISHER, url, str(a), str(min(keys, a + step))
+                )
+                for a in range(0, keys, step)
+            ]
+            for proc in procs:
+                if await proc.wait() != 0:
+                    raise RuntimeError("a publisher process failed")
+        else:
+            for start in range(0, keys, 10_000):
+                await asyncio.gather(*(one(i) for i in range(start, min(keys, start + 10_000))))
+                if start % 100_000 == 0:
+                    rate = (start + 10_000) / (time.perf_counter() - t0)
+                    print(f"  published {start + 10_000:,} keys, {rate:,.0f}/s", flush=True)
         out["publish_per_s"] = keys / (time.perf_counter() - t0)
+        out["publishers"] = publishers
         full = int(r.info("memory")["used_memory"])
         out["bytes_per_key"] = (full - base) / keys  # the key, its queue and its message
         for start in range(0, noisy, 1000):
@@ -91,15 +140,26 @@ async def _run(
                 done.set()
 
         task = asyncio.create_task(worker.run())
-        await asyncio.wait_for(done.wait(), 3600)
+        try:
+            await asyncio.wait_for(done.wait(), drain_seconds or 3600)
+        except TimeoutError:
+            if drain_seconds is None:
+                raise
         seconds = time.perf_counter() - t_start
         stats = await market.stats()
         out["drain_seconds"] = seconds
-        out["messages_per_s"] = total / seconds
+        out["served"] = count
+        out["messages_per_s"] = count / seconds
         out["slices_per_s"] = stats.slices / seconds if stats.slices else None
         out["processed"] = stats.processed
+        out["small_served"] = keys - small_left
+        out["noisy_served"] = noisy - noisy_left
         out["small_keys_done_s"] = small_done_at
         out["noisy_key_done_s"] = noisy_done_at
+        if count < total:  # bounded: no idle phase, the queues are not empty
+            worker.stop()
+            await task
+            return out
         await asyncio.sleep(2.0)  # the last slices end
         before = _commands(r)
         await asyncio.sleep(idle_seconds)
@@ -118,17 +178,35 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keys", type=int, default=1_000_000)
     p.add_argument("--noisy", type=int, default=100_000)
     p.add_argument("--idle-seconds", type=float, default=20.0)
+    p.add_argument("--drain-seconds", type=float, help="bound the drain (see above)")
+    p.add_argument("--redis-config", default="", help='e.g. "stream-node-max-bytes 512"')
+    p.add_argument("--out", default="attention-redis.json")
+    p.add_argument("--publishers", type=int, default=1, help="publisher processes")
     a = p.parse_args(argv)
-    server = RedisServer(Path(tempfile.mkdtemp(prefix="fairq-att-")), None, "--appendonly", "no")
+    extra = [f"--{w}" if i % 2 == 0 else w for i, w in enumerate(a.redis_config.split())]
+    server = RedisServer(
+        Path(tempfile.mkdtemp(prefix="fairq-att-")), None, "--appendonly", "no", *extra
+    )
     server.start()
     try:
         r = redis.Redis(port=server.port)
-        doc = asyncio.run(_run(f"{server.url}?prefix=a:", r, a.keys, a.noisy, a.idle_seconds))
+        doc = asyncio.run(
+            _run(
+                f"{server.url}?prefix=a:",
+                r,
+                a.keys,
+                a.noisy,
+                a.idle_seconds,
+                a.drain_seconds,
+                a.publishers,
+            )
+        )
+        doc["redis_config"] = a.redis_config
         r.close()
     finally:
         server.stop()
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / "attention-redis.json"
+    path = RESULTS / a.out
     path.write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc, indent=2))
     return 0

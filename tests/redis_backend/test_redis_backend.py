@@ -269,6 +269,7 @@ async def test_status_costs_the_same_at_100_and_20000_fans(private: RedisServer)
             room = await b.waiting_room(f"r{fans}", admit_rate=1000)
             tickets = await room.join_many([f"fan-{i}" for i in range(fans)])
             await room.admit(10)
+            await room.status(tickets[0].ticket)  # the script loaded (an EVAL the first time)
             before = _calls(private.port)
             for t in (tickets[-1], tickets[fans // 2], tickets[3]):  # waiting and admitted
                 await room.status(t.ticket)
@@ -307,3 +308,47 @@ async def test_acked_messages_leave_nothing_behind(private: RedisServer) -> None
             elif kind == b"hash" and k.endswith((b":a", b":k", b":y", b":b", b":bc")):
                 assert r.hlen(k) == 0, k
     r.close()
+
+
+async def test_a_big_receive_leaves_its_lease_set_a_skiplist(shared_url: str) -> None:
+    """A receive of many messages turns the lease set and the attempts and lease-token
+    hashes out of listpack first (each lookup in a listpack walks it: O(n^2) a batch),
+    and leaves no trace of how: the structures hold exactly the leased messages."""
+    import redis
+
+    prefix = shared_url.split("prefix=")[1]
+    r = redis.Redis(port=SHARED[1])
+    try:
+        async with await fairq.connect(shared_url) as b:
+            q = await b.declare_queue("wide")
+            await q.send_batch([fairq.Outgoing(b"x") for _ in range(100)])
+            got = await q.receive(max_messages=100)
+            base = f"{prefix}{{wide}}:q:wide:"
+            assert r.object("encoding", base + "l") == b"skiplist"
+            assert r.object("encoding", base + "a") == b"hashtable"
+            assert r.object("encoding", base + "k") == b"hashtable"
+            assert r.zcard(base + "l") == r.hlen(base + "a") == r.hlen(base + "k") == 100
+            assert max(len(m) for m in r.zrange(base + "l", 0, -1)) == 16
+            await q.ack_batch([m.receipt for m in got])
+            assert not r.exists(base + "l", base + "a", base + "k")
+            small = await q.send_batch([fairq.Outgoing(b"y") for _ in range(3)])
+            assert len(small) == 3
+            await q.receive(max_messages=3)  # a small batch stays a listpack
+            assert r.object("encoding", base + "l") == b"listpack"
+    finally:
+        r.close()
+
+
+def test_each_script_carries_only_the_libraries_it_uses() -> None:
+    """Lua runs a script's whole chunk per call: a room step must not pay for making the
+    queue and attention helpers' closures, while a receive has them (and every script's
+    helpers resolve: the conformance suite runs them all)."""
+    from fairq.backends.redis.conn import Scripts
+
+    s = Scripts({"DLQ_CONFIG": "{}"})
+    room, receive, publish = s["room_status"].source, s["receive"].source, s["publish"].source
+    assert "local function room_place" in room and "local function lease_messages" not in room
+    assert "local function lease_messages" in receive and "local function room_place" not in receive
+    assert "local function load_domain" not in receive
+    assert all(f"local function {f}" in publish for f in ("lease_messages", "load_domain"))
+    assert len(room) < len(publish) / 2

@@ -228,25 +228,47 @@ class ScriptError(Exception):
 
 
 class Scripts:
-    """Every script of ``scripts/``, each with ``scripts/lib/*.lua`` (and the constants
-    from ``constants``) prepended, so one place holds each rule."""
+    """Every script of ``scripts/``, each with the ``scripts/lib/*.lua`` it uses (and the
+    constants from ``constants``) prepended, so one place holds each rule.
 
-    LIBS = ("core", "queue", "topic", "claim", "attention")
+    A library is prepended only if the script, or a library prepended after it, names one
+    of its top-level locals: Lua runs a script's whole chunk on every call, and making the
+    closures and tables of every library cost ~55 µs per call, more than many operations
+    themselves. ``core`` always comes first; a library only uses those before it."""
+
+    LIBS = ("core", "queue", "topic", "claim", "attention", "room")
+    _DEFINED = re.compile(r"^local\s+(?:function\s+)?([\w\s,]+?)\s*(?:=|\()", re.M)
 
     def __init__(self, constants: dict[str, str]) -> None:
         root = resources.files(__package__).joinpath("scripts")
         head = "".join(f"local {k} = {lua_string(v)}\n" for k, v in constants.items())
-        libs = []
+        libs: list[tuple[str, set[str]]] = []
         for lib in self.LIBS:
             path = root.joinpath("lib", f"{lib}.lua")
             if path.is_file():
-                libs.append(path.read_text("utf-8"))
-        prelude = head + "\n".join(libs) + "\n"
+                text = path.read_text("utf-8")
+                names = {n.strip() for m in self._DEFINED.findall(text) for n in m.split(",")}
+                libs.append((text, {n for n in names if n}))
         self.by_name: dict[str, Script] = {}
         for entry in root.iterdir():
             if entry.name.endswith(".lua"):
                 name = entry.name[:-4]
-                self.by_name[name] = Script(name, prelude + entry.read_text("utf-8"))
+                body = entry.read_text("utf-8")
+                self.by_name[name] = Script(name, head + self._with_libs(libs, body))
+
+    @staticmethod
+    def _with_libs(libs: list[tuple[str, set[str]]], body: str) -> str:
+        def words_of(text: str) -> set[str]:  # the names a chunk's code uses
+            code = re.sub(r"--[^\n]*", "", text)  # not its comments or short strings
+            return set(re.findall(r"\w+", re.sub(r"'[^'\n]*'|\"[^\"\n]*\"", "", code)))
+
+        words = words_of(body)
+        chosen: list[str] = []
+        for i, (text, names) in reversed(list(enumerate(libs))):
+            if i == 0 or names & words:
+                chosen.append(text)
+                words |= words_of(text)
+        return "\n".join(reversed(chosen)) + "\n" + body
 
     def __getitem__(self, name: str) -> Script:
         return self.by_name[name]

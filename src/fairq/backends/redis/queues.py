@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -93,11 +94,29 @@ def received(item: Sequence[Any], queue: str, receipt_tail: str | None) -> Recei
     )
 
 
-def _receipt_args(receipts: Sequence[str]) -> list[str]:
-    """``k`` and the receipts, normalised, in one string (one argument, split by the
-    script: fewer arguments to encode than two per receipt)."""
-    parsed = [parse_receipt(r) for r in receipts]
-    return [str(len(parsed)), " ".join(f"{mid:016x}.{lease:x}" for mid, lease in parsed)]
+#: a receipt as this backend hands them out: 16 hex digits, ".", the lease in hex with no
+#: leading zero (what the scripts compare); anything else is parsed and normalised
+_NORMAL_RECEIPT = re.compile(r"[0-9a-f]{16}\.(?:[1-9a-f][0-9a-f]{0,15}|0)")
+
+
+def _normal_receipts(receipts: Sequence[str]) -> list[str]:
+    """The receipts in the scripts' form; ``InvalidMessage`` for a malformed one."""
+    match = _NORMAL_RECEIPT.fullmatch
+    out = []
+    for r in receipts:
+        if isinstance(r, str) and match(r):
+            out.append(r)
+        else:
+            mid, lease = parse_receipt(r)
+            out.append(f"{mid:016x}.{lease:x}")
+    return out
+
+
+def _receipt_args(receipts: Sequence[str], normal: bool = False) -> list[str]:
+    """``k`` and the receipts, normalised (unless ``normal``: they are), in one string (one
+    argument, split by the script: fewer arguments to encode than two per receipt)."""
+    parsed = receipts if normal else _normal_receipts(receipts)
+    return [str(len(parsed)), " ".join(parsed)]
 
 
 class RedisQueues(RedisCore):
@@ -107,7 +126,7 @@ class RedisQueues(RedisCore):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._acks: dict[str, list[tuple[list[str], asyncio.Future[list[str]]]]] = {}
+        self._acks: dict[str, list[tuple[list[str], list[str], asyncio.Future[list[str]]]]] = {}
         self._flushing: set[asyncio.Future[None]] = set()
 
     async def _call(self, script: str, name: str, *args: Any) -> Any:
@@ -239,14 +258,14 @@ class RedisQueues(RedisCore):
     async def ack(self, queue: str, receipts: list[str]) -> list[str]:
         # acks asked for during one pass of the event loop (a worker's handlers finishing
         # together) go to Redis as one script call, as SQLite group-commits them
-        _receipt_args(receipts)  # a malformed receipt fails its own caller, not the batch
+        normal = _normal_receipts(receipts)  # a malformed one fails its caller, not the batch
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[str]] = loop.create_future()
         batch = self._acks.get(queue)
         if batch is None:
             batch = self._acks[queue] = []
             loop.call_soon(self._start_ack_flush, queue)
-        batch.append((receipts, fut))
+        batch.append((receipts, normal, fut))
         return await fut
 
     def _start_ack_flush(self, queue: str) -> None:
@@ -256,11 +275,12 @@ class RedisQueues(RedisCore):
 
     async def _flush_acks(self, queue: str) -> None:
         batch = self._acks.pop(queue, [])
-        receipts = [r for rs, _ in batch for r in rs]
+        receipts = [r for rs, _, _ in batch for r in rs]
+        normal = [r for _, ns, _ in batch for r in ns]
         try:
-            lost_at = await self._call("ack", queue, *_receipt_args(receipts))
+            lost_at = await self._call("ack", queue, *_receipt_args(normal, normal=True))
         except BaseException as exc:
-            for _, fut in batch:
+            for _, _, fut in batch:
                 if not fut.done():
                     fut.set_exception(exc)
             if not isinstance(exc, Exception):
@@ -268,7 +288,7 @@ class RedisQueues(RedisCore):
             return
         lost = {receipts[int(i) - 1] for i in lost_at}
         taken: set[str] = set()  # the same receipt from two callers: the second lost it
-        for rs, fut in batch:
+        for rs, _, fut in batch:
             mine = []
             for r in rs:
                 if r in lost or (r in taken and rs.count(r) == 1):

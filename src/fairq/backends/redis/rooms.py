@@ -1,28 +1,34 @@
-"""The Redis backend's waiting rooms.
+"""The Redis backend's waiting rooms: every step is one Lua script on the room's slot.
 
-The rules are ``room_policy``'s and run here, on a snapshot of the room's row: a step reads
-the row and the index facts the rules ask for (``room_read.lua``, one round trip; a rule
-that asks for a fact not read yet is run again with it), then stores the outcome with
-``room_write.lua``, which refuses it if the row changed meanwhile (a version number), so
-every step is atomic without a second copy of the rules in Lua. Joins are the hot path
-and never conflict with the rest: ``room_join.lua`` hands out arrival numbers (a hash of
-fans, ``HINCRBY joined``) by itself, and the rules then answer from the row it returns.
+The rules are ``room_policy``'s, written out in ``scripts/lib/room.lua`` (line for line, the
+Python module is the reference), so a join, a status, an admission step with its lease and
+fence, an admit, a consume, sold out and close each run atomically on Redis in one round
+trip, with no version checks or retries. What stays in Python is pure: validating options,
+the pre-queue's permutation (``fairq.draw``: BLAKE2b, which needs 64-bit arithmetic the
+scripts do not have) and the stats computed from a row. The permutation depends only on the
+draw's seed and the pre-queue's size, both frozen once drawn, so the client keeps them per
+room and passes the place of a pre-queue fan with them as a *hint*; a script that finds the
+hint is not for the room's draw answers ``NEEDPLACE`` with the seed and size, and the client
+computes and asks again. The draw's seed is drawn here (``secrets``) and sent with every
+step that may draw; the script keeps it only if it draws.
 
-Keys, all with the room's own hash tag ``{r:<room>}``: ``row`` (hash: the row's fields,
-``ver``), ``fans`` (hash fan -> seq), ``steps`` (zset upto), ``stepv`` (hash upto ->
+Keys, all with the room's own hash tag ``{r:<room>}``: ``row`` (hash: the row's fields),
+``fans`` (hash fan -> seq), ``steps`` (zset upto), ``stepv`` (hash upto ->
 "admitted_at expires_at"), ``used`` (zset seq -> place). Status reads the row and, for an
 admitted fan only, one step and one used flag: O(log n) at any number of fans.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping, Sequence
+import secrets
+from collections.abc import Mapping, Sequence
 from dataclasses import fields
-from typing import Any, TypeVar
+from typing import Any
 
 import orjson
 
-from ...errors import BackendError, RoomNotFound
+from ...draw import draw_position
+from ...errors import BackendError, ConfigConflict, RoomNotFound
 from ...model.rooms import Place, RoomConfig, RoomRecord, RoomStats, TickResult
 from .. import room_policy as policy
 from ..room_policy import RoomRow
@@ -32,8 +38,6 @@ from .queues import _text
 
 __all__ = ["RedisRooms"]
 
-T = TypeVar("T")
-_RETRIES = 200
 _INTS = {
     "id",
     "joined",
@@ -60,11 +64,10 @@ _FLOATS = {
 }
 _BYTES = {"key_seed", "draw_seed"}
 _FIELDS = [f.name for f in fields(RoomRow)]
-_STORED = [f for f in _FIELDS if f not in ("id", "joined")]
-_EXPIRING = ("after", "x", "256")
+_NEED = b"NEEDPLACE"
 
 
-def _decode_row(name: str, flat: Sequence[bytes]) -> tuple[RoomRow, str]:
+def _decode_row(name: str, flat: Sequence[bytes]) -> RoomRow:
     raw = {_text(k): v for k, v in zip(flat[::2], flat[1::2], strict=True)}
     values: dict[str, Any] = {"id": 0, "name": name}
     for f in _FIELDS:
@@ -72,7 +75,7 @@ def _decode_row(name: str, flat: Sequence[bytes]) -> tuple[RoomRow, str]:
             continue
         v = raw.get(f)
         if v is None:
-            values[f] = 0 if f == "joined" else None
+            values[f] = None
         elif f == "config":
             values[f] = RoomConfig.from_dict(orjson.loads(v))
         elif f in _INTS:
@@ -83,177 +86,76 @@ def _decode_row(name: str, flat: Sequence[bytes]) -> tuple[RoomRow, str]:
             values[f] = bytes(v)
         else:
             values[f] = _text(v)
-    for f in ("joined", "pre_queue", "head", "expired_upto", "used", "used_live", "fence"):
-        values[f] = values[f] or 0
-    for f in ("told_sold_out",):
+    for f in _INTS - {"id"}:
         values[f] = values[f] or 0
     for f in ("credit", "meas_sum", "admitter_until"):
         values[f] = values[f] or 0.0
-    return RoomRow(**values), _text(raw.get("ver", b""))
+    return RoomRow(**values)
 
 
-def _encode(f: str, v: Any) -> bytes | str:
-    if f == "config":
-        return orjson.dumps(v.to_dict())
-    if isinstance(v, bytes):
-        return v
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
+def _opt_float(v: Any) -> float | None:
+    return None if v in (b"", "") else float(v)
 
 
-class _Need(Exception):
-    """The rules asked for an index fact this snapshot does not have."""
-
-    def __init__(self, *request: str) -> None:
-        super().__init__(*request)
-        self.request = request
+def _opt_int(v: Any) -> int | None:
+    return None if v in (b"", "") else int(v)
 
 
-class _View:
-    """A snapshot of a room for the rules: the row, the facts read with it, and what the
-    rules decided to add (admission steps, used tokens)."""
-
-    def __init__(self, row: RoomRow, now: float, facts: dict[tuple[str, ...], Any]) -> None:
-        self.row = row
-        self.expired_upto = row.expired_upto  # as read: what the "x" cursor stood for
-        self.now = now
-        self.facts = facts
-        self.steps: list[tuple[int, float, float]] = []
-        self.uses: list[tuple[int, int]] = []
-
-    def _fact(self, *request: str) -> Any:
-        try:
-            return self.facts[request]
-        except KeyError:
-            raise _Need(*request) from None
-
-    def step_of(self, place: int) -> tuple[float, float]:
-        for upto, at, exp in self.steps:
-            if upto >= place:
-                return at, exp
-        got = self._fact("step", str(place))
-        if not got:
-            raise BackendError(f"no admission step covers place {place}")
-        at, exp = got[1].split(b" ")
-        return float(at), float(exp)
-
-    def steps_after(self, cursor: int) -> Iterator[tuple[int, float]]:
-        limit = 256
-        first = ("after", "x", str(limit))  # read with the row (see _EXPIRING)
-        while True:
-            if cursor == self.expired_upto and first in self.facts:
-                got = self.facts[first]
-            else:
-                got = self._fact("after", str(cursor), str(limit))
-            n = len(got) // 2
-            for upto, value in zip(got[::2], got[1::2], strict=True):
-                yield int(upto), float(value.split(b" ")[1])
-            if n < limit:
-                return
-            cursor = int(got[-2])
-
-    def used_between(self, a: int, b: int) -> int:
-        return int(self._fact("between", str(a), str(b)))
-
-    def is_used(self, seq: int) -> bool:
-        if any(s == seq for s, _ in self.uses):
-            return True
-        return bool(int(self._fact("used", str(seq))))
-
-    def mark_used(self, seq: int, place: int) -> bool:
-        if self.is_used(seq):
-            return False
-        self.uses.append((seq, place))
-        return True
-
-    def admitted(self, n: int) -> None:
-        row, now = self.row, self.now
-        policy.note_admitted(row, n, now)
-        if n > 0:
-            self.steps.append((row.head, now, now + row.config.token_ttl))
+def _place(got: Sequence[Any]) -> Place:
+    state, seq, position, rate, opens_at, admitted_at, expires_at = got
+    return Place(
+        _text(state),  # type: ignore[arg-type]
+        _opt_int(seq),
+        _opt_int(position),
+        float(rate),
+        _opt_float(opens_at),
+        _opt_float(admitted_at),
+        _opt_float(expires_at),
+    )
 
 
 class RedisRooms(RedisIdempotency):
     """Waiting rooms on Redis; see the module docstring."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        #: room -> (draw seed, pre-queue size) once seen drawn; frozen for the room's life
+        self._draws: dict[str, tuple[bytes, int]] = {}
+
     def _rkey(self, room: str) -> str:
         return f"{self.prefix}{{r:{room}}}:row"
 
-    async def _read(
-        self, room: str, requests: Sequence[tuple[str, ...]]
-    ) -> tuple[float, RoomRow, str, dict[tuple[str, ...], Any]] | None:
-        flat = [part for r in requests for part in r]
-        got = await self.run_key("room_read", self._rkey(room), *flat)
-        now = float(got[0])
-        if len(got) == 1:
-            return None
-        row, ver = _decode_row(room, got[1])
-        return now, row, ver, dict(zip(requests, got[2:], strict=True))
+    def _hint(self, room: str, seq: int) -> tuple[bytes | str, ...]:
+        draw = self._draws.get(room)
+        if draw is None or not 1 <= seq <= draw[1]:
+            return ("", "", "")
+        seed, size = draw
+        return (seed, str(size), str(draw_position(seed, size, seq - 1) + 1))
 
-    async def _write(
-        self, room: str, ver: str, before: Mapping[str, Any], view: _View, check_joined: bool
-    ) -> bool:
-        row = view.row
-        if row.joined != before["joined"] and ver:
-            raise BackendError("a waiting-room rule changed the arrival counter")
-        sets: list[Any] = []
-        clears: list[str] = []
-        for f in _STORED:
-            v = getattr(row, f)
-            if ver and before.get(f) == v and type(before.get(f)) is type(v):
-                continue
-            if v is None:
-                if ver:
-                    clears.append(f)
-            else:
-                sets += (f, _encode(f, v))
-        if ver and not sets and not clears and not view.steps and not view.uses:
-            return True
-        args: list[Any] = [ver, str(before["joined"]) if check_joined else ""]
-        args += [str(len(sets) // 2), *sets, str(len(clears)), *clears]
-        args.append(str(len(view.steps)))
-        for upto, at, exp in view.steps:
-            args += (str(upto), repr(at), repr(exp))
-        args.append(str(len(view.uses)))
-        for seq, place in view.uses:
-            args += (str(seq), str(place))
+    def _note_draw(self, room: str, seed: bytes, size: int) -> None:
+        if seed:
+            self._draws[room] = (bytes(seed), int(size))
+
+    async def _room(self, script: str, room: str, *args: Any) -> Any:
+        """Run a room step (with a fresh draw seed); RoomNotFound if there is no room."""
         try:
-            await self.run_key("room_write", self._rkey(room), *args)
+            got = await self.run_key(script, self._rkey(room), secrets.token_bytes(32), *args)
         except ScriptError as err:
-            if err.code == "STALE":
-                return False
-            raise BackendError(f"redis room write: {err.code}") from None
-        return True
+            if err.code == "CONFLICT":
+                raise
+            raise BackendError(f"redis {script}: {err.code} {' '.join(err.values)}") from None
+        if got == []:
+            raise RoomNotFound(room)
+        return got
 
-    async def _step(
-        self,
-        room: str,
-        rule: Callable[[_View], T],
-        check_joined: bool = False,
-        expiring: bool = False,
-    ) -> T:
-        """Run ``rule`` on a snapshot of the room (drawing the pre-queue first if due) and
-        store its outcome atomically, again on a fresh snapshot if the room changed.
-        ``expiring``: the rule expires tokens, so read the steps after the row's cursor
-        with it (one round trip instead of two)."""
-        requests: list[tuple[str, ...]] = [_EXPIRING] if expiring else []
-        for _ in range(_RETRIES):
-            read = await self._read(room, requests)
-            if read is None:
-                raise RoomNotFound(room)
-            now, row, ver, facts = read
-            before = {f: getattr(row, f) for f in _FIELDS}
-            view = _View(row, now, facts)
-            drew = policy.draw_if_due(row, now)
-            try:
-                result = rule(view)
-            except _Need as need:
-                requests.append(need.request)
-                continue
-            if await self._write(room, ver, before, view, check_joined or drew):
-                return result
-        raise BackendError(f"waiting room {room!r}: too much contention on its row")
+    async def _placed(self, script: str, room: str, seq: int) -> Any:
+        """A step about arrival ``seq`` that may need its drawn place (see the docstring)."""
+        for _ in range(3):
+            got = await self._room(script, room, str(seq), *self._hint(room, seq))
+            if got[0] != _NEED:
+                return got
+            self._note_draw(room, got[1], got[2])
+        raise BackendError(f"waiting room {room!r}: the draw of its pre-queue keeps changing")
 
     # -- rooms -----------------------------------------------------------------------------
     async def declare_room(
@@ -264,27 +166,26 @@ class RedisRooms(RedisIdempotency):
         seed: bytes,
         seed_kid: str,
     ) -> RoomRecord:
+        # options are checked field by field: over the defaults as over the stored config
+        config = RoomConfig(**{**RoomConfig().to_dict(), **options}).validated()
+        given = {k: v for k, v in config.to_dict().items() if k in options}
         await self.command("ZADD", f"{self.prefix}rooms", 0, room)
-        got = await self.run_key("room_read", self._rkey(room))
-        if len(got) == 1:  # a new room, created unless another process just did
-            now = float(got[0])
-            config = RoomConfig(**{**RoomConfig().to_dict(), **options}).validated()
-            kid, key_seed = secret_kid or seed_kid, None if secret_kid else seed
-            row = RoomRow(0, room, config, config.admit_rate, kid, key_seed, now)
-            empty: dict[str, Any] = dict.fromkeys(_FIELDS) | {"joined": 0}
-            if await self._write(room, "", empty, _View(row, now, {}), False):
-                return await self.room_record(room)
-
-        def update(v: _View) -> RoomRecord:
-            row = v.row
-            row.config = policy.check_options(row, dict(options))
-            if "admit_rate" in options:
-                row.rate = row.config.admit_rate
-            if secret_kid is not None:
-                row.kid, row.key_seed = secret_kid, None
-            return self._record(row)
-
-        return await self._step(room, update)
+        try:
+            got = await self._room(
+                "room_declare",
+                room,
+                orjson.dumps(given),
+                orjson.dumps(config.to_dict()),
+                secret_kid or "",
+                seed,
+                seed_kid,
+            )
+        except ScriptError:
+            raise ConfigConflict(
+                f"waiting room {room!r} has opened (its pre-queue was drawn): opens_at "
+                "cannot change any more"
+            ) from None
+        return self._record(_decode_row(room, got[1]))
 
     @staticmethod
     def _record(row: RoomRow) -> RoomRecord:
@@ -293,7 +194,8 @@ class RedisRooms(RedisIdempotency):
         )
 
     async def room_record(self, room: str) -> RoomRecord:
-        return await self._step(room, lambda v: self._record(v.row))
+        got = await self._room("room_stats", room, "0")
+        return self._record(_decode_row(room, got[1]))
 
     async def list_rooms(self, prefix: str = "") -> list[str]:
         got = await self.command("ZRANGE", f"{self.prefix}rooms", 0, -1)
@@ -301,89 +203,69 @@ class RedisRooms(RedisIdempotency):
 
     async def delete_room(self, room: str) -> bool:
         base = self._rkey(room)[:-3]
-        gone = await self.command("UNLINK", *(base + k for k in ("row", "fans", "steps", "stepv")))
-        await self.command("UNLINK", base + "used")
+        keys = (base + k for k in ("row", "fans", "steps", "stepv", "used"))
+        gone = await self.command("UNLINK", *keys)
         await self.command("ZREM", f"{self.prefix}rooms", room)
+        self._draws.pop(room, None)
         return bool(gone)
 
     async def room_join(self, room: str, fans: list[str]) -> list[Place]:
-        for _ in range(_RETRIES):
-            try:
-                got = await self.run_key("room_join", self._rkey(room), *fans)
-            except ScriptError as err:
-                if err.code != "NEEDDRAW":
-                    raise BackendError(f"redis room join: {err.code}") from None
-                await self._step(room, lambda v: None, check_joined=True)
-                continue
-            if len(got) == 1:
-                raise RoomNotFound(room)
-            now = float(got[0])
-            row, _ = _decode_row(room, got[1])
-            seqs = [int(s) for s in got[2:]] or [0] * len(fans)
-            view = _View(row, now, {})
-            try:
-                return [policy.place(row, s, now, view.step_of, view.is_used) for s in seqs]
-            except _Need:  # a fan who was admitted before joins again: read its facts
-                return [await self.room_status(room, s) for s in seqs]
-        raise BackendError(f"waiting room {room!r}: could not draw its pre-queue")
+        got = await self._room("room_join", room, *fans)
+        seed, size, phase, head, rate_s, opens_s = got[:6]
+        self._note_draw(room, seed, size)
+        rate, opens_at = float(rate_s), _opt_float(opens_s)
+        scheduled = phase == b"scheduled"
+        places: list[Place] = []
+        for item in got[6:]:
+            if isinstance(item, int):  # room_place's answer, from the numbers (see the script)
+                if scheduled:
+                    places.append(Place("pre_queue", item, None, rate, opens_at))
+                else:
+                    places.append(Place("waiting", item, item - head - 1, rate, opens_at))
+            elif item[0] == _NEED:  # a pre-queue fan joining again after the draw
+                places.append(await self.room_status(room, int(item[1])))
+            else:
+                places.append(_place(item))
+        return places
 
     async def room_status(self, room: str, seq: int) -> Place:
-        return await self._step(
-            room, lambda v: policy.place(v.row, seq, v.now, v.step_of, v.is_used)
-        )
+        return _place(await self._placed("room_status", room, seq))
 
     async def room_tick(self, room: str, holder: str, lease: float) -> TickResult:
-        def tick(v: _View) -> TickResult:
-            row, now = v.row, v.now
-            if not policy.take_admitter(row, holder, lease, now):
-                return policy.tick_result(row, False, 0, now)
-            policy.expire(row, now, v.steps_after, v.used_between)
-            n = policy.admission_allowance(row, now)
-            v.admitted(n)
-            return policy.tick_result(row, True, n, now)
-
-        return await self._step(room, tick, expiring=True)
-
-    async def room_release_admitter(self, room: str, holder: str) -> bool:
-        try:
-            return await self._step(room, lambda v: policy.release_admitter(v.row, holder))
-        except RoomNotFound:
-            return False
-
-    async def room_admit(self, room: str, n: int) -> int:
-        def admit(v: _View) -> int:
-            if policy.phase(v.row) != "open":
-                return 0
-            k = min(n, policy.waiting(v.row))
-            v.admitted(k)
-            return k
-
-        return await self._step(room, admit)
-
-    async def room_set_rate(self, room: str, rate: float) -> None:
-        def set_rate(v: _View) -> None:
-            v.row.rate = rate
-
-        await self._step(room, set_rate)
-
-    async def room_consume(self, room: str, seq: int) -> str:
-        return await self._step(
-            room, lambda v: policy.consume(v.row, seq, v.now, v.step_of, v.mark_used)
+        fence, admitted, rate, phase, waiting, until = await self._room(
+            "room_tick", room, holder, repr(float(lease))
+        )
+        return TickResult(
+            _opt_int(fence),
+            int(admitted),
+            float(rate),
+            _text(phase),  # type: ignore[arg-type]
+            int(waiting),
+            _opt_float(until),
         )
 
+    async def room_release_admitter(self, room: str, holder: str) -> bool:
+        got = await self.run_key("room_release", self._rkey(room), secrets.token_bytes(32), holder)
+        return bool(got)
+
+    async def room_admit(self, room: str, n: int) -> int:
+        (k,) = await self._room("room_admit", room, str(int(n)))
+        return int(k)
+
+    async def room_set_rate(self, room: str, rate: float) -> None:
+        await self._room("room_set_rate", room, repr(float(rate)))
+
+    async def room_consume(self, room: str, seq: int) -> str:
+        (outcome,) = await self._placed("room_consume", room, seq)
+        return _text(outcome)
+
     async def room_sold_out(self, room: str) -> int:
-        return await self._step(room, lambda v: policy.sold_out(v.row, v.now), check_joined=True)
+        (told,) = await self._room("room_sold_out", room)
+        return int(told)
 
     async def room_close(self, room: str) -> None:
-        def close(v: _View) -> None:
-            if v.row.closed_at is None:
-                v.row.closed_at = v.now
-
-        await self._step(room, close)
+        await self._room("room_close", room)
 
     async def room_stats(self, room: str) -> RoomStats:
-        def stats(v: _View) -> RoomStats:
-            policy.expire(v.row, v.now, v.steps_after, v.used_between)
-            return policy.stats(v.row, v.now)
-
-        return await self._step(room, stats, expiring=True)
+        now, flat = await self._room("room_stats", room, "1")
+        return policy.stats(_decode_row(room, flat), float(now))

@@ -84,6 +84,25 @@ local function bulk(cmd, key, items, width)
   return total
 end
 
+-- Redis keeps a small hash or sorted set (up to 128 entries) as a listpack, a flat list
+-- each lookup and insert walks: a batch of n leases, attempts or acks on one costs O(n^2)
+-- (~1 ms of a 100-message receive). Before such a batch, widen() gives the key a member
+-- longer than 64 bytes, which turns it into a hash table / skiplist for good (Redis never
+-- turns it back while the key lives); narrow() takes that member out again afterwards.
+local WIDE = string.rep('~', 65)
+local WIDE_MIN = 32
+local function widen(kind, key, n)
+  if n < WIDE_MIN then return false end
+  local enc = redis.call('OBJECT', 'ENCODING', key)
+  if enc == 'hashtable' or enc == 'skiplist' then return false end
+  if kind == 'z' then redis.call('ZADD', key, '+inf', WIDE) else redis.call('HSET', key, WIDE, '') end
+  return true
+end
+local function narrow(kind, key, widened)
+  if not widened then return end
+  if kind == 'z' then redis.call('ZREM', key, WIDE) else redis.call('HDEL', key, WIDE) end
+end
+
 -- HMGET / ZMSCORE over many fields, in chunks; one reply per field
 local function bulk_get(cmd, key, fields)
   local out = {}

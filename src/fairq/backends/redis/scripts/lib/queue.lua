@@ -431,6 +431,7 @@ local function lease_messages(q, n, vt, lease)
       if id < cutoff then dead_letter(q, id, nil, 'expired') else ids[#ids + 1] = id end
     end
     if #ids > 0 then
+      local wa, wl, wk = widen('h', q.a, #ids), widen('z', q.l, #ids), widen('h', q.k, #ids)
       local before = bulk_get('HMGET', q.a, ids)
       local attempts, leased, tokens = {}, {}, {}
       local redelivered = 0
@@ -445,6 +446,7 @@ local function lease_messages(q, n, vt, lease)
       bulk('HSET', q.a, attempts, 2)
       bulk('ZADD', q.l, leased, 2)
       bulk('HSET', q.k, tokens, 2)
+      narrow('h', q.a, wa); narrow('z', q.l, wl); narrow('h', q.k, wk)
       if redelivered > 0 then redis.call('HINCRBY', q.n, 'redelivered', redelivered) end
       local recs = records_of(q, ids)
       for i, id in ipairs(ids) do out[#out + 1] = {id, before[i], recs[id] or {}} end
