@@ -78,7 +78,10 @@ class Cluster:
             "start",
         )
         if done.returncode != 0:
-            raise RuntimeError(f"pg_ctl start failed: {done.stdout} {done.stderr}")
+            log = (self.dir / "log").read_text(errors="replace").splitlines()[-15:]
+            raise RuntimeError(
+                f"pg_ctl start failed: {done.stdout} {done.stderr}\n" + "\n".join(log)
+            )
 
     def stop(self) -> None:
         _as_postgres(str(BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
@@ -87,22 +90,31 @@ class Cluster:
         return int((self.data / "postmaster.pid").read_text().split()[0])
 
     def kill9(self) -> None:
-        """kill -9 the postmaster and its children (a crash: no shutdown checkpoint)."""
+        """kill -9 the postmaster and its children (a crash: no shutdown checkpoint).
+
+        The postmaster is stopped (SIGSTOP) before its children are listed, so none can be
+        forked after the list was taken (an autovacuum worker, a new backend) and outlive
+        the crash: such an orphan would keep answering its client, and would keep the
+        shared memory attached, so the next start would refuse to run."""
         pid = self.postmaster_pid()
-        children = subprocess.run(
-            ["pgrep", "-P", str(pid)], capture_output=True, text=True
-        ).stdout.split()
-        os.kill(pid, signal.SIGKILL)
-        for child in children:
+        os.kill(pid, signal.SIGSTOP)
+        children = [
+            int(c)
+            for c in subprocess.run(
+                ["pgrep", "-P", str(pid)], capture_output=True, text=True
+            ).stdout.split()
+        ]
+        for victim in [*children, pid]:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(child), signal.SIGKILL)
+                os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
+        for victim in [pid, *children]:
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(victim, 0)
+                except ProcessLookupError:
+                    break  # gone and reaped: a zombie would still hold the lock files
+                time.sleep(0.02)
         with contextlib.suppress(FileNotFoundError):
             (self.data / "postmaster.pid").unlink()
 

@@ -111,7 +111,7 @@ async def test_a_running_worker_resumes_after_a_restart(cluster: Cluster) -> Non
 
 
 _SENDER = """
-import asyncio, sys
+import asyncio, sys, time
 import fairq
 
 async def main(url):
@@ -119,9 +119,11 @@ async def main(url):
     q = b.queue("durable")
     i = 0
     while True:
+        started = time.monotonic()
         try:
             mid = await q.send(str(i).encode())
         except fairq.ConnectionError:
+            print(f"raised-after {time.monotonic() - started:.3f}", flush=True)
             break
         print(mid, flush=True)  # printed only once the send returned
         i += 1
@@ -153,7 +155,11 @@ async def test_kill9_of_the_postmaster_loses_no_returned_send(cluster: Cluster) 
         returned.append(line.decode().strip())
     await asyncio.to_thread(cluster.kill9)
     rest, _ = await asyncio.wait_for(proc.communicate(), 30)
-    returned += [x for x in rest.decode().split() if x]
+    lines = rest.decode().splitlines()
+    assert lines and lines[-1].startswith("raised-after "), "the sender did not raise"
+    # the send in flight (or the next one) raised ConnectionError within its timeout (3 s)
+    assert float(lines[-1].split()[1]) < 3 + 1.5
+    returned += [x for x in lines[:-1] if x]
     await asyncio.to_thread(cluster.start)  # crash recovery replays the WAL
     async with await fairq.connect(url) as b:
         q = b.queue("durable")

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -19,7 +21,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 try:
     import psycopg
     from psycopg import errors as pg_errors
-    from psycopg.pq import TransactionStatus
+    from psycopg.pq import ConnStatus, TransactionStatus
     from psycopg.rows import tuple_row
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the extras installed
@@ -218,6 +220,8 @@ def translate(exc: BaseException, masked: str) -> BaseException:
             err = ConfigConflict(primary)
         elif state == "FQ501":
             err = Unsupported(primary)
+        elif state == "57014" and "statement timeout" in primary:
+            err = ConnectionError(f"postgresql at {masked}: {primary} (the server's own limit)")
         elif isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) or state.startswith(
             ("08", "57P")
         ):
@@ -262,11 +266,124 @@ async def driver_connection(obj: object) -> psycopg.AsyncConnection[Any]:
 
 Cursor = psycopg.AsyncCursor[tuple[Any, ...]]
 
+#: seconds a statement on the caller's connection is given, once the deadline has passed,
+#: to end by the server's cancel (its savepoint rolls back) before its socket is given up
+CANCEL_GRACE = 0.5
+#: seconds after giving up a socket before the operation is cancelled outright (a wait
+#: on a socket that was shut down fails at once; this only catches the unforeseen)
+_BACKSTOP = 1.0
+
+
+def abandon(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Give up ``conn`` at once: shut its socket down, so whatever waits on it fails now
+    ("server closed the connection") and the connection is BAD (a pool replaces it).
+
+    Not ``close()``: on a socket that does not answer, psycopg would first try to cancel
+    the statement and wait for its end (up to 10 s). Not ``pgconn.finish()`` either: that
+    closes the descriptor while the event loop may still watch its number, and a socket
+    opened meanwhile could get the same number. ``shutdown`` leaves the descriptor to its
+    owner and ends the connection for everyone holding it."""
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.Error:
+        return  # already closed
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class Deadline:
+    """The time limit of one operation (SPEC §10: every operation raises
+    ``ConnectionError`` within its timeout while the engine is down or unreachable).
+
+    ``asyncio.timeout`` alone is not enough: cancelling a task in the middle of a
+    statement makes psycopg send a cancel request and wait for the statement's end (up to
+    5 + 5 s), and the pool's cleanup (a ROLLBACK) waits with no limit at all, so on a
+    socket that stopped answering (a partition, a hung server) an operation could hang
+    long past its timeout. At the deadline, therefore:
+
+    - waiting for a pooled connection, or between statements: the operation is cancelled;
+    - a statement in flight on a pooled connection: its socket is given up
+      (:func:`abandon`), so the statement fails at once; the pool opens a fresh one;
+    - a statement in flight on the caller's connection (``connection=``): the server is
+      asked to cancel it (the savepoint rolls back, the caller's transaction stays
+      usable); if it has not ended within :data:`CANCEL_GRACE` seconds, its socket is
+      given up too (a server that does not answer a cancel has no transaction left to
+      keep).
+
+    ``expired`` tells the caller to report the timeout, whatever error it caused.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.own = True  # conn is fairq's (pooled or dedicated), not the caller's
+        self._timeout = asyncio.timeout(None)
+        self._handles: list[asyncio.TimerHandle] = []
+        self._cancelled = False
+        self._canceller: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Deadline:
+        await self._timeout.__aenter__()
+        self._loop = asyncio.get_running_loop()
+        self._handles.append(self._loop.call_later(self.seconds, self._expire))
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        for handle in self._handles:
+            handle.cancel()
+        await self._timeout.__aexit__(*exc_info)  # a cancel of its own: TimeoutError
+
+    @contextlib.contextmanager
+    def using(self, conn: psycopg.AsyncConnection[Any], own: bool = True) -> Iterator[None]:
+        """While the block runs, ``conn`` is the connection the operation waits on."""
+        self.conn, self.own = conn, own
+        if self.expired:  # the deadline passed while the connection was being handed out
+            self._expire()
+        try:
+            yield
+        finally:
+            self.conn = None
+
+    def _cancel(self, after: float = 0.0) -> None:
+        if not self._cancelled:
+            self._cancelled = True
+            self._timeout.reschedule(self._loop.time() + after)
+
+    def _expire(self) -> None:
+        self.expired = True
+        conn = self.conn
+        if conn is None or conn.pgconn.status == ConnStatus.BAD:
+            self._cancel()
+        elif self.own:
+            active = conn.pgconn.transaction_status == TransactionStatus.ACTIVE
+            abandon(conn)
+            self._cancel(_BACKSTOP if active else 0.0)
+        elif conn.pgconn.transaction_status == TransactionStatus.ACTIVE:
+            cancel = getattr(conn, "cancel_safe", None)  # psycopg >= 3.2
+            if cancel is not None:
+                self._canceller = asyncio.ensure_future(self._ask_cancel(cancel))
+            self._handles.append(self._loop.call_later(CANCEL_GRACE, self._give_up))
+        else:
+            self._cancel()
+            self._handles.append(self._loop.call_later(CANCEL_GRACE, self._give_up))
+
+    @staticmethod
+    async def _ask_cancel(cancel: Callable[..., Awaitable[None]]) -> None:
+        with contextlib.suppress(Exception):
+            await cancel(timeout=CANCEL_GRACE)
+
+    def _give_up(self) -> None:
+        if self.conn is not None:
+            abandon(self.conn)
+            self._cancel(_BACKSTOP)
+
 
 class Pool:
     """The backend's connection pool and the way every operation runs: on a pooled
     connection (autocommit, so a one-statement operation costs one round trip), or in a
-    transaction, or on the caller's connection inside the caller's transaction."""
+    transaction, or on the caller's connection inside the caller's transaction; each
+    within the ``timeout`` option (:class:`Deadline`)."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -274,8 +391,15 @@ class Pool:
         if not options.prepare:
             kwargs["prepare_threshold"] = None
         # fairq's own connections defer their NOTIFYs past the write's commit (see wake()
-        # in 0001_queues.sql); a caller's connection keeps them in its transaction
-        settings = ["-c fairq.defer_wakes=on"]
+        # in 0001_queues.sql); a caller's connection keeps them in its transaction.
+        # The server's own limits back the client's: a statement fairq gave up on (its
+        # client gone) does not run on, and a transaction whose client vanished does not
+        # hold its locks, or the xmin horizon, for long.
+        settings = [
+            "-c fairq.defer_wakes=on",
+            f"-c statement_timeout={int(options.timeout * 1000)}",
+            f"-c idle_in_transaction_session_timeout={int(max(60, 2 * options.timeout) * 1000)}",
+        ]
         if options.durable_leases:
             settings.append("-c fairq.durable_leases=on")
         kwargs["options"] = " ".join(settings)
@@ -310,26 +434,38 @@ class Pool:
         await self.pool.close(timeout=1.0)
 
     async def check(self) -> None:
-        """Drop idle connections that died (after the server came back)."""
+        """Drop idle connections that died (after the server came back); within the
+        timeout, so a server that stopped answering again cannot hold the caller."""
         with contextlib.suppress(Exception):
-            await self.pool.check()
+            async with asyncio.timeout(self.options.timeout):
+                await self.pool.check()
 
     def error(self, exc: BaseException) -> BaseException:
         return translate(exc, self.options.masked)
 
     @contextlib.asynccontextmanager
-    async def cursor(self, transaction: bool = False, wakes: bool = True) -> AsyncIterator[Cursor]:
+    async def cursor(
+        self, transaction: bool = False, wakes: bool = True, deadline: Deadline | None = None
+    ) -> AsyncIterator[Cursor]:
         """A cursor on a pooled connection, in a transaction if asked; the wake-ups the
         work noted are NOTIFYed once it has committed."""
         async with self.pool.connection(timeout=self.options.timeout) as conn:
-            cur = conn.cursor(row_factory=tuple_row)
-            if transaction:
-                async with conn.transaction():
+            with deadline.using(conn) if deadline is not None else contextlib.nullcontext():
+                cur = conn.cursor(row_factory=tuple_row)
+                if transaction:
+                    async with conn.transaction():
+                        yield cur
+                else:
                     yield cur
-            else:
-                yield cur
-            if wakes:
-                await cur.execute(self._flush_wakes)
+                if wakes:
+                    await cur.execute(self._flush_wakes)
+
+    def timed_out(self, exc: BaseException | None = None) -> ConnectionError:
+        err = ConnectionError(
+            f"postgresql at {self.options.masked}: no answer within {self.options.timeout:g} s"
+        )
+        err.__cause__ = exc
+        return err
 
     async def run(
         self,
@@ -342,9 +478,11 @@ class Pool:
         """Run ``fn(cursor)`` as one atomic step: in one statement (autocommit) or one
         transaction, retried on serialization failures and deadlocks; with ``connection``,
         inside the caller's transaction (a savepoint of it, so a failure here leaves the
-        caller's own work alone), never retried there: the caller's transaction decides."""
+        caller's own work alone), never retried there: the caller's transaction decides.
+        Past the ``timeout`` option: ``ConnectionError`` (see :class:`Deadline`)."""
+        deadline = Deadline(self.options.timeout)
         try:
-            async with asyncio.timeout(self.options.timeout):
+            async with deadline:
                 if connection is not None:
                     conn = await driver_connection(connection)
                     if conn.closed or conn.broken:
@@ -354,15 +492,16 @@ class Pool:
                         raise InvalidOption(
                             "connection= is in a failed transaction: roll it back first"
                         )
-                    if status == TransactionStatus.IDLE and not conn.autocommit:
-                        # the caller's implicit transaction (psycopg's default): begin it
-                        # here, so the caller's commit() or rollback() decides
-                        await conn.execute("SELECT 1")
-                    async with conn.transaction():
-                        return await fn(conn.cursor(row_factory=tuple_row))
+                    with deadline.using(conn, own=False):
+                        if status == TransactionStatus.IDLE and not conn.autocommit:
+                            # the caller's implicit transaction (psycopg's default): begin
+                            # it here, so the caller's commit() or rollback() decides
+                            await conn.execute("SELECT 1")
+                        async with conn.transaction():
+                            return await fn(conn.cursor(row_factory=tuple_row))
                 for attempt in range(_RETRIES):
                     try:
-                        async with self.cursor(transaction, wakes) as cur:
+                        async with self.cursor(transaction, wakes, deadline) as cur:
                             return await fn(cur)
                     except psycopg.Error as exc:
                         if exc.sqlstate not in RETRYABLE or attempt == _RETRIES - 1:
@@ -370,10 +509,10 @@ class Pool:
                         await asyncio.sleep(0.001 * 2**attempt)
                 raise AssertionError("unreachable")
         except TimeoutError as exc:
-            raise ConnectionError(
-                f"postgresql at {self.options.masked}: no answer within {self.options.timeout:g} s"
-            ) from exc
+            raise self.timed_out(exc) from exc
         except Exception as exc:
+            if deadline.expired and not isinstance(exc, FairqError):
+                raise self.timed_out(exc) from exc
             raise self.error(exc) from exc
 
 
@@ -385,4 +524,4 @@ def _reason(exc: BaseException) -> str:
     return mask(text)
 
 
-__all__ += ["Cursor", "driver_connection", "mask", "pg_errors"]
+__all__ += ["Cursor", "Deadline", "abandon", "driver_connection", "mask", "pg_errors"]
