@@ -405,6 +405,8 @@ class Pool:
         kwargs["options"] = " ".join(settings)
         schema = '"' + options.schema.replace('"', '""') + '"'
         self._flush_wakes = f"SELECT {schema}.flush_wakes()"
+        self._flushes: set[asyncio.Future[None]] = set()
+        self._closing = False
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             options.conninfo,
             min_size=options.pool_min,
@@ -431,6 +433,9 @@ class Pool:
             ) from exc
 
     async def close(self) -> None:
+        self._closing = True
+        if self._flushes:  # the last wake-ups go out before the pool closes
+            await asyncio.wait(list(self._flushes), timeout=self.options.timeout)
         await self.pool.close(timeout=1.0)
 
     async def check(self) -> None:
@@ -447,9 +452,13 @@ class Pool:
     async def cursor(
         self, transaction: bool = False, wakes: bool = True, deadline: Deadline | None = None
     ) -> AsyncIterator[Cursor]:
-        """A cursor on a pooled connection, in a transaction if asked; the wake-ups the
-        work noted are NOTIFYed once it has committed."""
-        async with self.pool.connection(timeout=self.options.timeout) as conn:
+        """A cursor on a pooled connection, in a transaction if asked. The wake-ups the work
+        noted (``wake()`` in 0001_queues.sql) are NOTIFYed once it has committed, by
+        :meth:`_flush_then_return`, after the caller has its answer: the NOTIFY's round
+        trip is not part of the operation's."""
+        conn = await self.pool.getconn(timeout=self.options.timeout)
+        flushing = False
+        try:
             with deadline.using(conn) if deadline is not None else contextlib.nullcontext():
                 cur = conn.cursor(row_factory=tuple_row)
                 if transaction:
@@ -457,8 +466,25 @@ class Pool:
                         yield cur
                 else:
                     yield cur
-                if wakes:
-                    await cur.execute(self._flush_wakes)
+            if wakes and not self._closing:
+                flushing = True
+                task = asyncio.ensure_future(self._flush_then_return(conn))
+                self._flushes.add(task)
+                task.add_done_callback(self._flushes.discard)
+        finally:
+            if not flushing:
+                await self.pool.putconn(conn)
+
+    async def _flush_then_return(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        try:
+            async with Deadline(self.options.timeout) as limit:
+                with limit.using(conn):
+                    await conn.execute(self._flush_wakes)
+        except Exception:
+            # the waiters' safety poll finds what this would have woken
+            log.debug("wake-ups not sent", exc_info=True)
+        finally:
+            await self.pool.putconn(conn)
 
     def timed_out(self, exc: BaseException | None = None) -> ConnectionError:
         err = ConnectionError(
