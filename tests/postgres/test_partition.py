@@ -214,3 +214,24 @@ async def test_the_callers_connection_in_a_blackhole(broker: fairq.Broker, proxy
 
 def _schema(broker: fairq.Broker) -> str:
     return str(broker.backend.options.schema)  # type: ignore[attr-defined]
+
+
+async def test_a_statement_given_up_at_the_deadline_does_not_run_on(cluster: Cluster) -> None:
+    """A server that answers but is stuck (a lock held elsewhere): the operation raises at
+    its deadline, and the server's own statement_timeout ends the abandoned statement, so
+    it does not commit later behind the caller's back."""
+    url = f"{cluster.url}?schema=p_stuck&timeout=1&connect_timeout=2"
+    async with await fairq.connect(url) as b:
+        q = await b.declare_queue("bounded", max_length=10)  # a send locks the queue's row
+        async with await psycopg.AsyncConnection.connect(cluster.url) as other:
+            await other.execute("SELECT 1 FROM p_stuck.queues WHERE name = 'bounded' FOR UPDATE")
+            started = time.monotonic()
+            with pytest.raises(fairq.ConnectionError, match="no answer within 1 s"):
+                await q.send(b"stuck")
+            assert time.monotonic() - started < 1 + SLACK
+            await asyncio.sleep(1.5)  # past the server's statement_timeout (1 s)
+            await other.rollback()  # the lock goes: an abandoned send would commit now
+        await asyncio.sleep(0.3)
+        assert await q.peek(limit=10) == []
+        await q.send(b"fine")
+        assert [m.body for m in await q.peek(limit=10)] == [b"fine"]

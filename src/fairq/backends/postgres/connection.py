@@ -322,6 +322,9 @@ class Deadline:
         self._handles: list[asyncio.TimerHandle] = []
         self._cancelled = False
         self._canceller: asyncio.Task[None] | None = None
+        #: connections given up on: never to be pooled again (the statement may have ended
+        #: before libpq read the end of the socket, so the connection can still look fine)
+        self.abandoned: list[psycopg.AsyncConnection[Any]] = []
 
     async def __aenter__(self) -> Deadline:
         await self._timeout.__aenter__()
@@ -357,7 +360,7 @@ class Deadline:
             self._cancel()
         elif self.own:
             active = conn.pgconn.transaction_status == TransactionStatus.ACTIVE
-            abandon(conn)
+            self._abandon(conn)
             self._cancel(_BACKSTOP if active else 0.0)
         elif conn.pgconn.transaction_status == TransactionStatus.ACTIVE:
             cancel = getattr(conn, "cancel_safe", None)  # psycopg >= 3.2
@@ -375,8 +378,18 @@ class Deadline:
 
     def _give_up(self) -> None:
         if self.conn is not None:
-            abandon(self.conn)
+            self._abandon(self.conn)
             self._cancel(_BACKSTOP)
+
+    def _abandon(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.abandoned.append(conn)
+        abandon(conn)
+
+    async def discard(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Close ``conn`` if it was given up on (before handing it back to its pool)."""
+        if any(c is conn for c in self.abandoned):
+            with contextlib.suppress(Exception):
+                await conn.close()
 
 
 class Pool:
@@ -473,17 +486,21 @@ class Pool:
                 task.add_done_callback(self._flushes.discard)
         finally:
             if not flushing:
+                if deadline is not None:
+                    await deadline.discard(conn)
                 await self.pool.putconn(conn)
 
     async def _flush_then_return(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        limit = Deadline(self.options.timeout)
         try:
-            async with Deadline(self.options.timeout) as limit:
+            async with limit:
                 with limit.using(conn):
                     await conn.execute(self._flush_wakes)
         except Exception:
             # the waiters' safety poll finds what this would have woken
             log.debug("wake-ups not sent", exc_info=True)
         finally:
+            await limit.discard(conn)
             await self.pool.putconn(conn)
 
     def timed_out(self, exc: BaseException | None = None) -> ConnectionError:
