@@ -111,10 +111,17 @@ async def test_a_running_worker_resumes_after_a_restart(cluster: Cluster) -> Non
 
 
 _SENDER = """
-import asyncio, sys, time
+import asyncio, faulthandler, signal, sys, time
 import fairq
 
+def dump_tasks():  # the test asks for this when the sender does not end in time
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
 async def main(url):
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     b = await fairq.connect(url)
     q = b.queue("durable")
     i = 0
@@ -134,6 +141,7 @@ asyncio.run(main(sys.argv[1]))
 
 async def test_kill9_of_the_postmaster_loses_no_returned_send(cluster: Cluster) -> None:
     import os
+    import signal
     import sys
 
     url = _url(cluster, "durable")
@@ -145,6 +153,7 @@ async def test_kill9_of_the_postmaster_loses_no_returned_send(cluster: Cluster) 
         _SENDER,
         url,
         stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert proc.stdout is not None
@@ -154,7 +163,16 @@ async def test_kill9_of_the_postmaster_loses_no_returned_send(cluster: Cluster) 
         assert line, "the sender stopped early"
         returned.append(line.decode().strip())
     await asyncio.to_thread(cluster.kill9)
-    rest, _ = await asyncio.wait_for(proc.communicate(), 30)
+    try:
+        rest, _ = await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:
+        proc.send_signal(signal.SIGUSR1)  # the sender's tasks and threads, for the report
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGUSR2)
+        await asyncio.sleep(0.5)
+        proc.kill()
+        _, err = await proc.communicate()
+        pytest.fail("the sender did not end within 30 s of the crash:\n" + err.decode()[-6000:])
     lines = rest.decode().splitlines()
     assert lines and lines[-1].startswith("raised-after "), "the sender did not raise"
     # the send in flight (or the next one) raised ConnectionError within its timeout (3 s)

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import socket
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -269,6 +270,8 @@ Cursor = psycopg.AsyncCursor[tuple[Any, ...]]
 #: seconds a statement on the caller's connection is given, once the deadline has passed,
 #: to end by the server's cancel (its savepoint rolls back) before its socket is given up
 CANCEL_GRACE = 0.5
+#: seconds during which pooled connections are checked before use, after trouble was seen
+SUSPECT_FOR = 30.0
 #: seconds after giving up a socket before the operation is cancelled outright (a wait
 #: on a socket that was shut down fails at once; this only catches the unforeseen)
 _BACKSTOP = 1.0
@@ -420,6 +423,7 @@ class Pool:
         self._flush_wakes = f"SELECT {schema}.flush_wakes()"
         self._flushes: set[asyncio.Future[None]] = set()
         self._closing = False
+        self._suspect_until = 0.0
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             options.conninfo,
             min_size=options.pool_min,
@@ -428,7 +432,28 @@ class Pool:
             open=False,
             timeout=options.timeout,
             name=f"fairq:{options.schema}",
+            check=self._check,
         )
+
+    def suspect(self) -> None:
+        """Connection trouble was seen (an operation met a dead connection, the LISTEN
+        connection dropped): for the next :data:`SUSPECT_FOR` seconds each pooled connection
+        is checked (one empty statement) before it is handed out, so connections the server
+        ended meanwhile (a restart) are replaced instead of failing the next operations."""
+        self._suspect_until = time.monotonic() + SUSPECT_FOR
+
+    async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if time.monotonic() >= self._suspect_until:
+            return  # the common case: no round trip
+        limit = Deadline(min(self.options.timeout, self.options.connect_timeout))
+        try:
+            async with limit:
+                with limit.using(conn):
+                    await conn.execute("")
+        finally:
+            await limit.discard(conn)
+        if conn.closed:
+            raise ConnectionError("the connection did not answer its check")
 
     async def open(self) -> None:
         try:
@@ -552,11 +577,16 @@ class Pool:
                         await asyncio.sleep(0.001 * 2**attempt)
                 raise AssertionError("unreachable")
         except TimeoutError as exc:
+            self.suspect()
             raise self.timed_out(exc) from exc
         except Exception as exc:
             if deadline.expired and not isinstance(exc, FairqError):
+                self.suspect()
                 raise self.timed_out(exc) from exc
-            raise self.error(exc) from exc
+            err = self.error(exc)
+            if isinstance(err, ConnectionError) and connection is None:
+                self.suspect()
+            raise err from exc
 
 
 def _reason(exc: BaseException) -> str:

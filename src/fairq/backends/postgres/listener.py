@@ -179,6 +179,7 @@ class Listener:
             except Exception as exc:
                 if self.listening:
                     log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+                    backend.pool.suspect()  # the pool's idle connections may be gone too
                 self.listening = False
                 self._ready.set()
                 backend.wakeups.notify_all()
