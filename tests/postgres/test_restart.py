@@ -134,6 +134,9 @@ async def main(url):
             break
         print(mid, flush=True)  # printed only once the send returned
         i += 1
+    # closed, as a program should: left open, psycopg-pool's reconnecting worker can
+    # swallow asyncio.run()'s cancel at exit and keep the process alive
+    await asyncio.wait_for(b.close(), 10)
 
 asyncio.run(main(sys.argv[1]))
 """
