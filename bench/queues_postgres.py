@@ -16,8 +16,10 @@ database ``fairq_bench`` is made beside it and dropped at the end), ``--n``, ``-
 * **end to end** — N / (send time + receive+ack time): the acceptance figure;
 * **worker** — N sent in batches, then the system's own worker runs no-op handlers until
   all are done (fairq's ``Worker``, PGQueuer's ``QueueManager``, procrastinate's worker);
-* **latency** — one message every 1/rate s for ``--latency-seconds``, a waiting consumer;
-  p50/p99 from send to handler.
+* **latency** — ``--rate`` msgs/s for ``--latency-seconds`` from a producer process of its
+  own (every 5 ms, what fell due goes as one batch; several batches in flight when one is
+  slow), a consumer here (fairq: receive(wait) + ack_batch, or a Worker; PGQueuer: its
+  QueueManager); p50/p99 from each message's scheduled send time to its consumer.
 
 Each figure is the median of ``--runs`` runs, systems interleaved per run; ratios are to
 the raw loop and to the best peer of the same run. Results: ``bench/results/
@@ -46,9 +48,10 @@ import psycopg
 
 import fairq
 
-from .queues import Measured, machine, make_bodies, percentile, source, stamped_body
+from .queues import _PAD_STAMPED, Measured, _json, machine, make_bodies, percentile, source
 
 RESULTS = Path(__file__).resolve().parent / "results"
+ROOT = RESULTS.parent.parent
 BATCH = 100
 RAW, FAIRQ, FAIRQ_WORKER, PGQ, PROC = (
     "raw psycopg",
@@ -156,19 +159,126 @@ async def fairq_worker(url: str, bodies: list[bytes]) -> Measured:
     return Measured(len(bodies), seconds, note="Worker(concurrency=64), no-op handler")
 
 
+# -- latency at a steady rate, across processes ---------------------------------------------
+#: the producer's tick: every TICK s it sends what fell due since the last tick, as one
+#: batch (one statement), each message stamped with its own scheduled time
+TICK = 0.005
+
+
+class _Latencies:
+    """What the consumer measured, and a way to wait until it has them all."""
+
+    def __init__(self) -> None:
+        self.values: list[float] = []
+        self._want = float("inf")
+        self._all = asyncio.Event()
+
+    def add(self, values: list[float]) -> None:
+        self.values.extend(values)
+        if len(self.values) >= self._want:
+            self._all.set()
+
+    async def wait_for(self, n: int, seconds: float = 10.0) -> None:
+        self._want = n
+        self.add([])
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._all.wait(), seconds)
+
+
+async def paced(
+    send_batch: Callable[[list[bytes]], Awaitable[Any]], rate: float, seconds: float
+) -> int:
+    """Send ``rate`` msgs/s for ``seconds``: every :data:`TICK` what fell due since the last
+    tick goes in one batch, each message stamped with the time it was due (so a late
+    producer shows as latency, never as a lower rate). Batches overlap when one takes
+    longer than a tick (several connections), so the schedule holds."""
+    interval = 1.0 / rate
+    total = int(rate * seconds)
+    wall0, start = time.time(), time.perf_counter()
+    sent = 0
+    pending: set[asyncio.Task[Any]] = set()
+    while sent < total:
+        due = min(total, int((time.perf_counter() - start) / interval) + 1)
+        if due > sent:
+            batch = [_json(j, wall0 + j * interval, _PAD_STAMPED) for j in range(sent, due)]
+            task = asyncio.create_task(send_batch(batch))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            sent = due
+        await asyncio.sleep(TICK)
+    await asyncio.gather(*pending)
+    return sent
+
+
+async def _produce(system: str, url: str, rate: float, seconds: float) -> int:
+    """The producer process's work (``--produce``): fairq or PGQueuer batches on schedule."""
+    if system == "pgqueuer":
+        from pgqueuer.queries import Queries
+
+        conns = [await psycopg.AsyncConnection.connect(url, autocommit=True) for _ in range(4)]
+        free: asyncio.Queue[Any] = asyncio.Queue()
+        for c in conns:
+            free.put_nowait(Queries.from_psycopg_connection(c))
+
+        async def pgq_send(batch: list[bytes]) -> None:
+            queries = await free.get()
+            try:
+                await queries.enqueue(["noop"] * len(batch), list(batch), [0] * len(batch))
+            finally:
+                free.put_nowait(queries)
+
+        n = await paced(pgq_send, rate, seconds)
+        for c in conns:
+            await c.close()
+        return n
+    async with await fairq.connect(url) as b:
+        q = b.queue(system)  # the queue's name
+
+        async def send(batch: list[bytes]) -> None:
+            await q.send_batch([fairq.Outgoing(x) for x in batch])
+
+        return await paced(send, rate, seconds)
+
+
+async def _producer_process(system: str, url: str, rate: float, seconds: float) -> int:
+    """Run the producer in a process of its own; the number of messages it sent."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "bench.queues_postgres",
+        "--produce",
+        system,
+        "--produce-url",
+        url,
+        "--rate",
+        str(rate),
+        "--latency-seconds",
+        str(seconds),
+        stdout=asyncio.subprocess.PIPE,
+        cwd=str(ROOT),
+    )
+    out, _ = await proc.communicate()
+    if proc.returncode != 0:
+        raise RuntimeError(f"the producer process failed ({proc.returncode})")
+    return int(out.decode().split()[-1])
+
+
 async def fairq_latency(url: str, rate: float, seconds: float, worker: bool) -> Measured:
-    async with await fairq.connect(url) as producer, await fairq.connect(url) as consumer:
+    """A producer process sends on schedule (:func:`paced`); this process consumes with
+    receive + ack_batch, or with a Worker; latency from each message's due time to the
+    moment its consumer has it."""
+    async with await fairq.connect(url) as consumer:
         name = "bench-lat-w" if worker else "bench-lat"
-        await producer.delete_queue(name)
-        q = await producer.declare_queue(name, dead_letter=None, dedup_window=0)
-        lat: list[float] = []
+        await consumer.delete_queue(name)
+        await consumer.declare_queue(name, dead_letter=None, dedup_window=0)
+        lat = _Latencies()
         stop = asyncio.Event()
         if worker:
             w = fairq.Worker(consumer, concurrency=32, handle_signals=False, poll_wait=1.0)
 
             @w.queue(name, concurrency=32)
             async def handle(msg: fairq.Received) -> None:
-                lat.append(time.time() - float(msg.json()["t"]))
+                lat.add([time.time() - float(msg.json()["t"])])
 
             task = asyncio.create_task(w.run())
         else:
@@ -178,39 +288,21 @@ async def fairq_latency(url: str, rate: float, seconds: float, worker: bool) -> 
                 while not stop.is_set():
                     msgs = await cq.receive(max_messages=BATCH, wait=0.5)
                     now = time.time()
-                    lat.extend(now - float(m.json()["t"]) for m in msgs)
+                    lat.add([now - float(m.json()["t"]) for m in msgs])
                     if msgs:
                         await cq.ack_batch([m.receipt for m in msgs])
 
             task = asyncio.create_task(consume())
         await asyncio.sleep(0.5)
-        sent = await _steady(lambda i: q.send(stamped_body(i)), rate, seconds)
-        await asyncio.sleep(1.0)
+        sent = await _producer_process(name, url, rate, seconds)
+        await lat.wait_for(sent)
         stop.set()
         if worker:
             w.stop()
         await task
-        await producer.delete_queue(name)
+        await consumer.delete_queue(name)
     note = "Worker(concurrency=32)" if worker else "receive(wait=0.5, max 100) + ack_batch"
-    return Measured(sent, seconds, latencies=lat, note=note)
-
-
-async def _steady(send: Callable[[int], Awaitable[Any]], rate: float, seconds: float) -> int:
-    """Send one message every 1/rate s (on schedule, not after the previous returned)."""
-    interval = 1.0 / rate
-    start = time.perf_counter()
-    i = 0
-    pending: set[asyncio.Task[Any]] = set()
-    while (now := time.perf_counter()) - start < seconds:
-        due = start + i * interval
-        if due > now:
-            await asyncio.sleep(due - now)
-        t = asyncio.create_task(send(i))
-        pending.add(t)
-        t.add_done_callback(pending.discard)
-        i += 1
-    await asyncio.gather(*pending)
-    return i
+    return Measured(sent, seconds, latencies=lat.values, note=f"producer process, {note}")
 
 
 # -- PGQueuer ------------------------------------------------------------------------------
@@ -278,30 +370,37 @@ async def pgq_phases(db: str, bodies: list[bytes]) -> tuple[Measured, Measured]:
 
 
 async def pgq_latency(db: str, rate: float, seconds: float) -> Measured:
+    """As :func:`fairq_latency`: a producer process enqueues batches on schedule, a
+    QueueManager here runs a no-op entrypoint."""
     from pgqueuer import QueueManager
     from pgqueuer.models import Job
     from pgqueuer.queries import Queries
 
     conn, queries = await _pgq_queries(db)
-    lat: list[float] = []
+    lat = _Latencies()
     wconn = await psycopg.AsyncConnection.connect(db, autocommit=True)
     qm = QueueManager(Queries.from_psycopg_connection(wconn))
 
     @qm.entrypoint("noop")
     async def noop(job: Job) -> None:
         assert job.payload is not None
-        lat.append(time.time() - float(json.loads(job.payload)["t"]))
+        lat.add([time.time() - float(json.loads(job.payload)["t"])])
 
     task = asyncio.create_task(qm.run(batch_size=10))
     await asyncio.sleep(1.0)
-    sent = await _steady(lambda i: queries.enqueue("noop", stamped_body(i), 0), rate, seconds)
-    await asyncio.sleep(1.0)
+    sent = await _producer_process("pgqueuer", db, rate, seconds)
+    await lat.wait_for(sent)
     qm.shutdown.set()
     await task
     await wconn.close()
     await queries.uninstall()
     await conn.close()
-    return Measured(sent, seconds, latencies=lat, note="QueueManager.run(batch_size=10)")
+    return Measured(
+        sent,
+        seconds,
+        latencies=lat.values,
+        note="producer process, QueueManager.run(batch_size=10)",
+    )
 
 
 # -- procrastinate -------------------------------------------------------------------------
@@ -360,7 +459,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         await c.execute("CREATE DATABASE fairq_bench")
     db = _db_url(server, "fairq_bench")
     url = f"{db}?schema=fairq_bench&pool_max=4"
-    lat_url = f"{db}?schema=fairq_bench&pool_max=16"  # a send per 1/rate s: commits overlap
+    lat_url = f"{db}?schema=fairq_bench&pool_max=8"  # batches on schedule may overlap
     n = args.n or (2_000 if args.quick else 20_000)
     runs = args.runs or (1 if args.quick else 3)
     bodies = make_bodies(n)
@@ -401,7 +500,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                 say(f"latency run {r + 1}/{runs} at {args.rate:g} msgs/s")
                 if FAIRQ in systems:
                     add(
-                        FAIRQ, LAT, await fairq_latency(url, args.rate, args.latency_seconds, False)
+                        FAIRQ,
+                        LAT,
+                        await fairq_latency(lat_url, args.rate, args.latency_seconds, False),
                     )
                 if FAIRQ_WORKER in systems:
                     add(
@@ -505,11 +606,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--hold-minutes", type=float, default=2.0)
     p.add_argument("--own-cluster", action="store_true", help="soak on a cluster of its own")
     p.add_argument("--json", type=Path)
+    p.add_argument("--produce", help=argparse.SUPPRESS)  # the latency runs' producer process
+    p.add_argument("--produce-url", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.produce:
+        n = asyncio.run(_produce(args.produce, args.produce_url, args.rate, args.latency_seconds))
+        print(n)
+        return 0
     if args.soak:
         from .soak_postgres import soak
 

@@ -64,21 +64,34 @@ class Cluster:
                 "synchronous_commit = on\nmax_connections = 50\nshared_buffers = 32MB\n"
             )
         self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        self._started = False
 
     def start(self) -> None:
-        done = _as_postgres(
-            str(BIN / "pg_ctl"),
-            "-D",
-            str(self.data),
-            "-l",
-            str(self.dir / "log"),
-            "-w",
-            "-t",
-            "60",
-            "start",
-        )
-        if done.returncode != 0:
-            raise RuntimeError(f"pg_ctl start failed: {done.stdout} {done.stderr}")
+        for _ in range(5):
+            done = _as_postgres(
+                str(BIN / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.dir / "log"),
+                "-w",
+                "-t",
+                "60",
+                "start",
+            )
+            if done.returncode == 0:
+                self._started = True
+                return
+            log = (self.dir / "log").read_text(errors="replace").splitlines()[-15:]
+            if self._started or not any("could not bind" in line for line in log):
+                break
+            # another process took the port between _free_port() and the bind (tests run
+            # in parallel): the first start moves to another one
+            self.port = _free_port()
+            with (self.data / "postgresql.conf").open("a") as f:
+                f.write(f"\nport = {self.port}\n")
+            self.url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        raise RuntimeError(f"pg_ctl start failed: {done.stdout} {done.stderr}\n" + "\n".join(log))
 
     def stop(self) -> None:
         _as_postgres(str(BIN / "pg_ctl"), "-D", str(self.data), "-m", "fast", "-w", "stop")
@@ -87,22 +100,31 @@ class Cluster:
         return int((self.data / "postmaster.pid").read_text().split()[0])
 
     def kill9(self) -> None:
-        """kill -9 the postmaster and its children (a crash: no shutdown checkpoint)."""
+        """kill -9 the postmaster and its children (a crash: no shutdown checkpoint).
+
+        The postmaster is stopped (SIGSTOP) before its children are listed, so none can be
+        forked after the list was taken (an autovacuum worker, a new backend) and outlive
+        the crash: such an orphan would keep answering its client, and would keep the
+        shared memory attached, so the next start would refuse to run."""
         pid = self.postmaster_pid()
-        children = subprocess.run(
-            ["pgrep", "-P", str(pid)], capture_output=True, text=True
-        ).stdout.split()
-        os.kill(pid, signal.SIGKILL)
-        for child in children:
+        os.kill(pid, signal.SIGSTOP)
+        children = [
+            int(c)
+            for c in subprocess.run(
+                ["pgrep", "-P", str(pid)], capture_output=True, text=True
+            ).stdout.split()
+        ]
+        for victim in [*children, pid]:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(child), signal.SIGKILL)
+                os.kill(victim, signal.SIGKILL)
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            time.sleep(0.05)
+        for victim in [pid, *children]:
+            while time.monotonic() < deadline:
+                try:
+                    os.kill(victim, 0)
+                except ProcessLookupError:
+                    break  # gone and reaped: a zombie would still hold the lock files
+                time.sleep(0.02)
         with contextlib.suppress(FileNotFoundError):
             (self.data / "postmaster.pid").unlink()
 

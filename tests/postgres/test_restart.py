@@ -111,20 +111,32 @@ async def test_a_running_worker_resumes_after_a_restart(cluster: Cluster) -> Non
 
 
 _SENDER = """
-import asyncio, sys
+import asyncio, faulthandler, signal, sys, time
 import fairq
 
+def dump_tasks():  # the test asks for this when the sender does not end in time
+    for task in asyncio.all_tasks():
+        task.print_stack(file=sys.stderr)
+    sys.stderr.flush()
+
 async def main(url):
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump_tasks)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     b = await fairq.connect(url)
     q = b.queue("durable")
     i = 0
     while True:
+        started = time.monotonic()
         try:
             mid = await q.send(str(i).encode())
         except fairq.ConnectionError:
+            print(f"raised-after {time.monotonic() - started:.3f}", flush=True)
             break
         print(mid, flush=True)  # printed only once the send returned
         i += 1
+    # closed, as a program should: left open, psycopg-pool's reconnecting worker can
+    # swallow asyncio.run()'s cancel at exit and keep the process alive
+    await asyncio.wait_for(b.close(), 10)
 
 asyncio.run(main(sys.argv[1]))
 """
@@ -132,6 +144,7 @@ asyncio.run(main(sys.argv[1]))
 
 async def test_kill9_of_the_postmaster_loses_no_returned_send(cluster: Cluster) -> None:
     import os
+    import signal
     import sys
 
     url = _url(cluster, "durable")
@@ -143,6 +156,7 @@ async def test_kill9_of_the_postmaster_loses_no_returned_send(cluster: Cluster) 
         _SENDER,
         url,
         stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
     )
     assert proc.stdout is not None
@@ -152,8 +166,21 @@ async def test_kill9_of_the_postmaster_loses_no_returned_send(cluster: Cluster) 
         assert line, "the sender stopped early"
         returned.append(line.decode().strip())
     await asyncio.to_thread(cluster.kill9)
-    rest, _ = await asyncio.wait_for(proc.communicate(), 30)
-    returned += [x for x in rest.decode().split() if x]
+    try:
+        rest, _ = await asyncio.wait_for(proc.communicate(), 30)
+    except TimeoutError:
+        proc.send_signal(signal.SIGUSR1)  # the sender's tasks and threads, for the report
+        await asyncio.sleep(0.5)
+        proc.send_signal(signal.SIGUSR2)
+        await asyncio.sleep(0.5)
+        proc.kill()
+        _, err = await proc.communicate()
+        pytest.fail("the sender did not end within 30 s of the crash:\n" + err.decode()[-6000:])
+    lines = rest.decode().splitlines()
+    assert lines and lines[-1].startswith("raised-after "), "the sender did not raise"
+    # the send in flight (or the next one) raised ConnectionError within its timeout (3 s)
+    assert float(lines[-1].split()[1]) < 3 + 1.5
+    returned += [x for x in lines[:-1] if x]
     await asyncio.to_thread(cluster.start)  # crash recovery replays the WAL
     async with await fairq.connect(url) as b:
         q = b.queue("durable")

@@ -22,6 +22,8 @@ agree (NTP), and a skew of s seconds shifts leases, delays and dedup windows by 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
@@ -39,7 +41,7 @@ from ...model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ...model.topics import PublishResult, Subscription, TopicConfig, TopicStats
 from ..base import Backend
 from . import attention, idempotency, migrate, queues, rooms, topics
-from .connection import Cursor, Options, Pool, parse_url
+from .connection import Cursor, Deadline, Options, Pool, parse_url
 from .listener import Listener, TopicSinks
 from .queries import Queries
 
@@ -81,6 +83,7 @@ class PostgresBackend(Backend):
         self._topics = topics.TopicCache()
         self._acks = queues.AckCoalescer(self._ack_now)
         self._last_sweep = 0.0
+        self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
 
     @property
@@ -90,36 +93,53 @@ class PostgresBackend(Backend):
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
         opts = self.options
+        # connecting and migrating on a connection of its own, within a limit too (a
+        # server that accepts and then stops answering must not hang connect()); the
+        # migrations may wait for another process's under the advisory lock: 60 s at least
+        deadline = Deadline(opts.connect_timeout + max(60.0, opts.timeout))
+        conn: psycopg.AsyncConnection[Any] | None = None
         try:
-            conn = await psycopg.AsyncConnection.connect(opts.conninfo, autocommit=True)
-        except psycopg.Error as exc:
-            raise ConnectionError(
-                f"cannot connect to {opts.masked}: {_mask(str(exc).strip())}"
-            ) from exc
-        try:
-            if opts.migrate:
-                await migrate.apply(conn, opts.schema, opts.channel)
-            else:
-                todo = await migrate.pending(conn, opts.schema)
-                if todo:
-                    raise FairqError(
-                        f"schema {opts.schema!r} needs {len(todo)} migration(s) and migrate=off:"
-                        " run `fairq migrate`"
-                    )
-            await self.measure_clock(conn)
-            cur = await conn.execute("SELECT current_setting('autovacuum')")
-            row = await cur.fetchone()
-            if row is not None and row[0] != "on":
-                log.warning(
-                    "autovacuum is off on %s: acked messages leave dead rows that nothing "
-                    "removes; fairq's tables will grow until someone runs VACUUM",
-                    opts.masked,
-                )
-        except psycopg.Error as exc:
+            async with deadline:
+                conn = await psycopg.AsyncConnection.connect(opts.conninfo, autocommit=True)
+                with deadline.using(conn):
+                    await self._prepare_schema(conn)
+        except FairqError:
+            raise
+        except (psycopg.Error, TimeoutError) as exc:
+            if conn is None and not deadline.expired:
+                raise ConnectionError(
+                    f"cannot connect to {opts.masked}: {_mask(str(exc).strip())}"
+                ) from exc
+            if deadline.expired:
+                raise ConnectionError(
+                    f"cannot connect to {opts.masked}: no answer within {deadline.seconds:g} s"
+                ) from exc
             raise self.pool.error(exc) from exc
         finally:
-            await conn.close()
+            if conn is not None:
+                await conn.close()
         await self.pool.open()
+
+    async def _prepare_schema(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        opts = self.options
+        if opts.migrate:
+            await migrate.apply(conn, opts.schema, opts.channel)
+        else:
+            todo = await migrate.pending(conn, opts.schema)
+            if todo:
+                raise FairqError(
+                    f"schema {opts.schema!r} needs {len(todo)} migration(s) and migrate=off:"
+                    " run `fairq migrate`"
+                )
+        await self.measure_clock(conn)
+        cur = await conn.execute("SELECT current_setting('autovacuum')")
+        row = await cur.fetchone()
+        if row is not None and row[0] != "on":
+            log.warning(
+                "autovacuum is off on %s: acked messages leave dead rows that nothing "
+                "removes; fairq's tables will grow until someone runs VACUUM",
+                opts.masked,
+            )
 
     async def measure_clock(self, conn: psycopg.AsyncConnection[Any]) -> None:
         """Measure the offset of the server's clock (with ``clock=server``/``auto``)."""
@@ -143,6 +163,9 @@ class PostgresBackend(Backend):
             return
         self._closed = True
         self.wakeups.close()
+        if self._sweeper is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._sweeper), self.options.timeout)
         await self.listener.stop()
         await self.pool.close()
 
@@ -177,12 +200,19 @@ class PostgresBackend(Backend):
 
     async def _maybe_sweep(self) -> None:
         """Now and then: delete expired dedup, idempotency and broadcast rows, in small
-        batches (nothing of fairq's grows without bound)."""
+        batches (nothing of fairq's grows without bound). In a task of its own, so the
+        operation that triggered it neither waits for it nor shares its timeout with it;
+        with a manual clock (tests), at once."""
         now = self.now()
         if now - self._last_sweep < _SWEEP_EVERY and not self.manual_clock:
             return
         self._last_sweep = now
+        if self.manual_clock:
+            await self._sweep(now)
+        elif self._sweeper is None or self._sweeper.done():
+            self._sweeper = asyncio.create_task(self._sweep(now), name="fairq-postgres-sweep")
 
+    async def _sweep(self, now: float) -> None:
         async def go(cur: Cursor) -> None:
             await cur.execute(f"SELECT {self.s}.drop_expired_dedup(%s)", (now,))
             await topics.sweep(cur, self.s, now)

@@ -10,8 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+import socket
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
@@ -19,7 +22,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 try:
     import psycopg
     from psycopg import errors as pg_errors
-    from psycopg.pq import TransactionStatus
+    from psycopg.pq import ConnStatus, TransactionStatus
     from psycopg.rows import tuple_row
     from psycopg_pool import AsyncConnectionPool, PoolTimeout
 except ImportError as exc:  # pragma: no cover - depends on the extras installed
@@ -218,6 +221,8 @@ def translate(exc: BaseException, masked: str) -> BaseException:
             err = ConfigConflict(primary)
         elif state == "FQ501":
             err = Unsupported(primary)
+        elif state == "57014" and "statement timeout" in primary:
+            err = ConnectionError(f"postgresql at {masked}: {primary} (the server's own limit)")
         elif isinstance(exc, psycopg.OperationalError | psycopg.InterfaceError) or state.startswith(
             ("08", "57P")
         ):
@@ -262,11 +267,139 @@ async def driver_connection(obj: object) -> psycopg.AsyncConnection[Any]:
 
 Cursor = psycopg.AsyncCursor[tuple[Any, ...]]
 
+#: seconds a statement on the caller's connection is given, once the deadline has passed,
+#: to end by the server's cancel (its savepoint rolls back) before its socket is given up
+CANCEL_GRACE = 0.5
+#: seconds during which pooled connections are checked before use, after trouble was seen
+SUSPECT_FOR = 30.0
+#: seconds after giving up a socket before the operation is cancelled outright (a wait
+#: on a socket that was shut down fails at once; this only catches the unforeseen)
+_BACKSTOP = 1.0
+
+
+def abandon(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Give up ``conn`` at once: shut its socket down, so whatever waits on it fails now
+    ("server closed the connection") and the connection is BAD (a pool replaces it).
+
+    Not ``close()``: on a socket that does not answer, psycopg would first try to cancel
+    the statement and wait for its end (up to 10 s). Not ``pgconn.finish()`` either: that
+    closes the descriptor while the event loop may still watch its number, and a socket
+    opened meanwhile could get the same number. ``shutdown`` leaves the descriptor to its
+    owner and ends the connection for everyone holding it."""
+    try:
+        fd = conn.pgconn.socket
+    except psycopg.Error:
+        return  # already closed
+    with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+class Deadline:
+    """The time limit of one operation (SPEC §10: every operation raises
+    ``ConnectionError`` within its timeout while the engine is down or unreachable).
+
+    ``asyncio.timeout`` alone is not enough: cancelling a task in the middle of a
+    statement makes psycopg send a cancel request and wait for the statement's end (up to
+    5 + 5 s), and the pool's cleanup (a ROLLBACK) waits with no limit at all, so on a
+    socket that stopped answering (a partition, a hung server) an operation could hang
+    long past its timeout. At the deadline, therefore:
+
+    - waiting for a pooled connection, or between statements: the operation is cancelled;
+    - a statement in flight on a pooled connection: its socket is given up
+      (:func:`abandon`), so the statement fails at once; the pool opens a fresh one;
+    - a statement in flight on the caller's connection (``connection=``): the server is
+      asked to cancel it (the savepoint rolls back, the caller's transaction stays
+      usable); if it has not ended within :data:`CANCEL_GRACE` seconds, its socket is
+      given up too (a server that does not answer a cancel has no transaction left to
+      keep).
+
+    ``expired`` tells the caller to report the timeout, whatever error it caused.
+    """
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.expired = False
+        self.conn: psycopg.AsyncConnection[Any] | None = None
+        self.own = True  # conn is fairq's (pooled or dedicated), not the caller's
+        self._timeout = asyncio.timeout(None)
+        self._handles: list[asyncio.TimerHandle] = []
+        self._cancelled = False
+        self._canceller: asyncio.Task[None] | None = None
+        #: connections given up on: never to be pooled again (the statement may have ended
+        #: before libpq read the end of the socket, so the connection can still look fine)
+        self.abandoned: list[psycopg.AsyncConnection[Any]] = []
+
+    async def __aenter__(self) -> Deadline:
+        await self._timeout.__aenter__()
+        self._loop = asyncio.get_running_loop()
+        self._handles.append(self._loop.call_later(self.seconds, self._expire))
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        for handle in self._handles:
+            handle.cancel()
+        await self._timeout.__aexit__(*exc_info)  # a cancel of its own: TimeoutError
+
+    @contextlib.contextmanager
+    def using(self, conn: psycopg.AsyncConnection[Any], own: bool = True) -> Iterator[None]:
+        """While the block runs, ``conn`` is the connection the operation waits on."""
+        self.conn, self.own = conn, own
+        if self.expired:  # the deadline passed while the connection was being handed out
+            self._expire()
+        try:
+            yield
+        finally:
+            self.conn = None
+
+    def _cancel(self, after: float = 0.0) -> None:
+        if not self._cancelled:
+            self._cancelled = True
+            self._timeout.reschedule(self._loop.time() + after)
+
+    def _expire(self) -> None:
+        self.expired = True
+        conn = self.conn
+        if conn is None or conn.pgconn.status == ConnStatus.BAD:
+            self._cancel()
+        elif self.own:
+            active = conn.pgconn.transaction_status == TransactionStatus.ACTIVE
+            self._abandon(conn)
+            self._cancel(_BACKSTOP if active else 0.0)
+        elif conn.pgconn.transaction_status == TransactionStatus.ACTIVE:
+            cancel = getattr(conn, "cancel_safe", None)  # psycopg >= 3.2
+            if cancel is not None:
+                self._canceller = asyncio.ensure_future(self._ask_cancel(cancel))
+            self._handles.append(self._loop.call_later(CANCEL_GRACE, self._give_up))
+        else:
+            self._cancel()
+            self._handles.append(self._loop.call_later(CANCEL_GRACE, self._give_up))
+
+    @staticmethod
+    async def _ask_cancel(cancel: Callable[..., Awaitable[None]]) -> None:
+        with contextlib.suppress(Exception):
+            await cancel(timeout=CANCEL_GRACE)
+
+    def _give_up(self) -> None:
+        if self.conn is not None:
+            self._abandon(self.conn)
+            self._cancel(_BACKSTOP)
+
+    def _abandon(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        self.abandoned.append(conn)
+        abandon(conn)
+
+    async def discard(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """Close ``conn`` if it was given up on (before handing it back to its pool)."""
+        if any(c is conn for c in self.abandoned):
+            with contextlib.suppress(Exception):
+                await conn.close()
+
 
 class Pool:
     """The backend's connection pool and the way every operation runs: on a pooled
     connection (autocommit, so a one-statement operation costs one round trip), or in a
-    transaction, or on the caller's connection inside the caller's transaction."""
+    transaction, or on the caller's connection inside the caller's transaction; each
+    within the ``timeout`` option (:class:`Deadline`)."""
 
     def __init__(self, options: Options) -> None:
         self.options = options
@@ -274,13 +407,23 @@ class Pool:
         if not options.prepare:
             kwargs["prepare_threshold"] = None
         # fairq's own connections defer their NOTIFYs past the write's commit (see wake()
-        # in 0001_queues.sql); a caller's connection keeps them in its transaction
-        settings = ["-c fairq.defer_wakes=on"]
+        # in 0001_queues.sql); a caller's connection keeps them in its transaction.
+        # The server's own limits back the client's: a statement fairq gave up on (its
+        # client gone) does not run on, and a transaction whose client vanished does not
+        # hold its locks, or the xmin horizon, for long.
+        settings = [
+            "-c fairq.defer_wakes=on",
+            f"-c statement_timeout={int(options.timeout * 1000)}",
+            f"-c idle_in_transaction_session_timeout={int(max(60, 2 * options.timeout) * 1000)}",
+        ]
         if options.durable_leases:
             settings.append("-c fairq.durable_leases=on")
         kwargs["options"] = " ".join(settings)
         schema = '"' + options.schema.replace('"', '""') + '"'
         self._flush_wakes = f"SELECT {schema}.flush_wakes()"
+        self._flushes: set[asyncio.Future[None]] = set()
+        self._closing = False
+        self._suspect_until = 0.0
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             options.conninfo,
             min_size=options.pool_min,
@@ -289,7 +432,28 @@ class Pool:
             open=False,
             timeout=options.timeout,
             name=f"fairq:{options.schema}",
+            check=self._check,
         )
+
+    def suspect(self) -> None:
+        """Connection trouble was seen (an operation met a dead connection, the LISTEN
+        connection dropped): for the next :data:`SUSPECT_FOR` seconds each pooled connection
+        is checked (one empty statement) before it is handed out, so connections the server
+        ended meanwhile (a restart) are replaced instead of failing the next operations."""
+        self._suspect_until = time.monotonic() + SUSPECT_FOR
+
+    async def _check(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        if time.monotonic() >= self._suspect_until:
+            return  # the common case: no round trip
+        limit = Deadline(min(self.options.timeout, self.options.connect_timeout))
+        try:
+            async with limit:
+                with limit.using(conn):
+                    await conn.execute("")
+        finally:
+            await limit.discard(conn)
+        if conn.closed:
+            raise ConnectionError("the connection did not answer its check")
 
     async def open(self) -> None:
         try:
@@ -307,29 +471,69 @@ class Pool:
             ) from exc
 
     async def close(self) -> None:
+        self._closing = True
+        if self._flushes:  # the last wake-ups go out before the pool closes
+            await asyncio.wait(list(self._flushes), timeout=self.options.timeout)
         await self.pool.close(timeout=1.0)
 
     async def check(self) -> None:
-        """Drop idle connections that died (after the server came back)."""
+        """Drop idle connections that died (after the server came back); within the
+        timeout, so a server that stopped answering again cannot hold the caller."""
         with contextlib.suppress(Exception):
-            await self.pool.check()
+            async with asyncio.timeout(self.options.timeout):
+                await self.pool.check()
 
     def error(self, exc: BaseException) -> BaseException:
         return translate(exc, self.options.masked)
 
     @contextlib.asynccontextmanager
-    async def cursor(self, transaction: bool = False, wakes: bool = True) -> AsyncIterator[Cursor]:
-        """A cursor on a pooled connection, in a transaction if asked; the wake-ups the
-        work noted are NOTIFYed once it has committed."""
-        async with self.pool.connection(timeout=self.options.timeout) as conn:
-            cur = conn.cursor(row_factory=tuple_row)
-            if transaction:
-                async with conn.transaction():
+    async def cursor(
+        self, transaction: bool = False, wakes: bool = True, deadline: Deadline | None = None
+    ) -> AsyncIterator[Cursor]:
+        """A cursor on a pooled connection, in a transaction if asked. The wake-ups the work
+        noted (``wake()`` in 0001_queues.sql) are NOTIFYed once it has committed, by
+        :meth:`_flush_then_return`, after the caller has its answer: the NOTIFY's round
+        trip is not part of the operation's."""
+        conn = await self.pool.getconn(timeout=self.options.timeout)
+        flushing = False
+        try:
+            with deadline.using(conn) if deadline is not None else contextlib.nullcontext():
+                cur = conn.cursor(row_factory=tuple_row)
+                if transaction:
+                    async with conn.transaction():
+                        yield cur
+                else:
                     yield cur
-            else:
-                yield cur
-            if wakes:
-                await cur.execute(self._flush_wakes)
+            if wakes and not self._closing:
+                flushing = True
+                task = asyncio.ensure_future(self._flush_then_return(conn))
+                self._flushes.add(task)
+                task.add_done_callback(self._flushes.discard)
+        finally:
+            if not flushing:
+                if deadline is not None:
+                    await deadline.discard(conn)
+                await self.pool.putconn(conn)
+
+    async def _flush_then_return(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        limit = Deadline(self.options.timeout)
+        try:
+            async with limit:
+                with limit.using(conn):
+                    await conn.execute(self._flush_wakes)
+        except Exception:
+            # the waiters' safety poll finds what this would have woken
+            log.debug("wake-ups not sent", exc_info=True)
+        finally:
+            await limit.discard(conn)
+            await self.pool.putconn(conn)
+
+    def timed_out(self, exc: BaseException | None = None) -> ConnectionError:
+        err = ConnectionError(
+            f"postgresql at {self.options.masked}: no answer within {self.options.timeout:g} s"
+        )
+        err.__cause__ = exc
+        return err
 
     async def run(
         self,
@@ -342,9 +546,11 @@ class Pool:
         """Run ``fn(cursor)`` as one atomic step: in one statement (autocommit) or one
         transaction, retried on serialization failures and deadlocks; with ``connection``,
         inside the caller's transaction (a savepoint of it, so a failure here leaves the
-        caller's own work alone), never retried there: the caller's transaction decides."""
+        caller's own work alone), never retried there: the caller's transaction decides.
+        Past the ``timeout`` option: ``ConnectionError`` (see :class:`Deadline`)."""
+        deadline = Deadline(self.options.timeout)
         try:
-            async with asyncio.timeout(self.options.timeout):
+            async with deadline:
                 if connection is not None:
                     conn = await driver_connection(connection)
                     if conn.closed or conn.broken:
@@ -354,15 +560,16 @@ class Pool:
                         raise InvalidOption(
                             "connection= is in a failed transaction: roll it back first"
                         )
-                    if status == TransactionStatus.IDLE and not conn.autocommit:
-                        # the caller's implicit transaction (psycopg's default): begin it
-                        # here, so the caller's commit() or rollback() decides
-                        await conn.execute("SELECT 1")
-                    async with conn.transaction():
-                        return await fn(conn.cursor(row_factory=tuple_row))
+                    with deadline.using(conn, own=False):
+                        if status == TransactionStatus.IDLE and not conn.autocommit:
+                            # the caller's implicit transaction (psycopg's default): begin
+                            # it here, so the caller's commit() or rollback() decides
+                            await conn.execute("SELECT 1")
+                        async with conn.transaction():
+                            return await fn(conn.cursor(row_factory=tuple_row))
                 for attempt in range(_RETRIES):
                     try:
-                        async with self.cursor(transaction, wakes) as cur:
+                        async with self.cursor(transaction, wakes, deadline) as cur:
                             return await fn(cur)
                     except psycopg.Error as exc:
                         if exc.sqlstate not in RETRYABLE or attempt == _RETRIES - 1:
@@ -370,11 +577,16 @@ class Pool:
                         await asyncio.sleep(0.001 * 2**attempt)
                 raise AssertionError("unreachable")
         except TimeoutError as exc:
-            raise ConnectionError(
-                f"postgresql at {self.options.masked}: no answer within {self.options.timeout:g} s"
-            ) from exc
+            self.suspect()
+            raise self.timed_out(exc) from exc
         except Exception as exc:
-            raise self.error(exc) from exc
+            if deadline.expired and not isinstance(exc, FairqError):
+                self.suspect()
+                raise self.timed_out(exc) from exc
+            err = self.error(exc)
+            if isinstance(err, ConnectionError) and connection is None:
+                self.suspect()
+            raise err from exc
 
 
 def _reason(exc: BaseException) -> str:
@@ -385,4 +597,4 @@ def _reason(exc: BaseException) -> str:
     return mask(text)
 
 
-__all__ += ["Cursor", "driver_connection", "mask", "pg_errors"]
+__all__ += ["Cursor", "Deadline", "abandon", "driver_connection", "mask", "pg_errors"]

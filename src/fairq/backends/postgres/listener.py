@@ -6,7 +6,8 @@ it commits). A notification wakes the waiters of the queue it names.
 The channel also carries ``Topic.listen`` broadcasts (``t:`` with the messages, or ``b:``
 naming a row of ``broadcasts`` for payloads past NOTIFY's 8,000-byte limit).
 
-When the connection drops (the server restarted), the loop reconnects with backoff;
+When the connection drops (the server restarted), or stops answering (a ping every 5 s
+without notifications, within the timeout), the loop reconnects with backoff;
 meanwhile :meth:`changed_elsewhere` answers True at every poll, so waiters fall back to
 polling, and after the reconnect the pool's idle connections are checked and every waiter
 is woken. With ``?listen=off`` (a pooler in transaction mode, which drops LISTEN) the same
@@ -27,8 +28,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 import psycopg
+from psycopg.pq import TransactionStatus
 
 from ...model.queues import Envelope
+from .connection import Deadline, abandon
 
 if TYPE_CHECKING:
     from . import PostgresBackend
@@ -41,6 +44,8 @@ ORIGIN = uuid.uuid4().hex[:12]
 _SAFETY_POLL = 5.0
 _MAX_PAYLOAD = 7900
 _LISTENER_TTL = 30.0
+#: seconds without a notification after which the LISTEN connection is pinged
+_PING_EVERY = 5.0
 
 
 def encode_broadcast(topic: str, items: Sequence[tuple[Envelope, str]]) -> bytes:
@@ -117,6 +122,11 @@ class Listener:
             self._renewer.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._renewer
+        conn = self._conn
+        if conn is not None and conn.pgconn.transaction_status == TransactionStatus.ACTIVE:
+            # a ping in flight: cancelling it would make psycopg wait for the server's
+            # answer to a cancel request, which a server that went quiet never sends
+            abandon(conn)
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -143,34 +153,53 @@ class Listener:
         first = True
         while not self._stopping:
             try:
-                conn = await psycopg.AsyncConnection.connect(opts.conninfo, autocommit=True)
-                self._conn = conn
-                await conn.execute(f'LISTEN "{opts.channel}"')
+                async with Deadline(opts.connect_timeout + opts.timeout) as limit:
+                    conn = await psycopg.AsyncConnection.connect(opts.conninfo, autocommit=True)
+                    self._conn = conn
+                    with limit.using(conn):
+                        await conn.execute(f'LISTEN "{opts.channel}"')
+                        if not first:
+                            await backend.measure_clock(conn)
+                if not first:
+                    await backend.pool.check()
                 self.listening = True
                 self._fresh = True
                 self._ready.set()
                 delay = 0.05
                 if not first:
                     log.info("postgresql is back: wake-ups by LISTEN again")
-                    await backend.measure_clock(conn)
-                    await backend.pool.check()
                     backend.wakeups.notify_all()
                 first = False
-                async for note in conn.notifies():
-                    await self._on_notify(note.payload)
+                while not self._stopping:
+                    async for note in conn.notifies(timeout=_PING_EVERY):
+                        await self._on_notify(note.payload)
+                    await self._ping(conn)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 if self.listening:
                     log.warning("LISTEN connection lost (%s); polling until it is back", exc)
+                    backend.pool.suspect()  # the pool's idle connections may be gone too
                 self.listening = False
                 self._ready.set()
                 backend.wakeups.notify_all()
-                with contextlib.suppress(Exception):
-                    if self._conn is not None:
+                if self._conn is not None:
+                    abandon(self._conn)
+                    with contextlib.suppress(Exception):
                         await self._conn.close()
+                    self._conn = None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+    async def _ping(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        """A quiet LISTEN connection may be dead without knowing it (a partition, a
+        server that hangs): a statement that does not answer within the timeout gives it
+        up (an error, so :meth:`_run` reconnects and waiters poll meanwhile)."""
+        async with Deadline(self.backend.options.timeout) as limit:
+            with limit.using(conn):
+                await conn.execute("SELECT 1")
+        if limit.expired:
+            raise self.backend.pool.timed_out()
 
     async def _on_notify(self, payload: str) -> None:
         kind, _, rest = payload.partition(":")

@@ -26,7 +26,7 @@ class Queries:
     @property
     def send(self) -> str:
         return (
-            f"SELECT {self.s}.send(%s, %s, %s::bytea[], %s::jsonb[], %s::float8[], %s::int[], "
+            f"SELECT {self.s}.send(%s, %s, %b::bytea[], %s::jsonb[], %s::float8[], %s::int[], "
             "%s::text[], %s::text[])"
         )
 
@@ -36,7 +36,7 @@ class Queries:
 
     @property
     def ack(self) -> str:
-        return f"SELECT {self.s}.ack(%s, %s, %s::bigint[], %s::bigint[])"
+        return f"SELECT {self.s}.ack(%s, %s, %b::bigint[], %b::bigint[])"
 
     @property
     def nack(self) -> str:
@@ -90,6 +90,6 @@ class Queries:
     @property
     def publish_copies(self) -> str:
         return (
-            f"SELECT {self.s}.publish_copies(%s, %s, %s::text[], %s::int[], %s::bytea[], "
+            f"SELECT {self.s}.publish_copies(%s, %s, %s::text[], %s::int[], %b::bytea[], "
             "%s::jsonb[], %s::float8[])"
         )
