@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 
@@ -64,6 +64,15 @@ class OffsetClock:
 
 class PostgresBackend(Backend):
     """See the module docstring."""
+
+    #: attention's worker-time scheduler and tenant usage are on memory and SQLite so far
+    missing: ClassVar[Mapping[str, str]] = {
+        "worker_time_fairness": "attention rounds go over tenants counted in slices (the "
+        "least recently served tenant next), not in worker time; plan weights other than 1 "
+        "and charge='messages' raise Unsupported",
+        "attention.tenant_stats": "Attention.tenant_stats raises Unsupported (no per-tenant "
+        "usage is kept yet)",
+    }
 
     def __init__(self, url: str, clock: Clock) -> None:
         self.options: Options = parse_url(url)
