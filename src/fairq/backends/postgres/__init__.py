@@ -72,6 +72,8 @@ class PostgresBackend(Backend):
         "and charge='messages' raise Unsupported",
         "attention.tenant_stats": "Attention.tenant_stats raises Unsupported (no per-tenant "
         "usage is kept yet)",
+        "attention.one_take_per_due": "a delayed signal coming due wakes a taker in every "
+        "process, and each tries a take (one of them gets it)",
     }
 
     def __init__(self, url: str, clock: Clock) -> None:
