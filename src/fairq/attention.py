@@ -23,6 +23,7 @@ import asyncio
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from .clock import ManualClock
 from .errors import InvalidOption
 from .message import Outgoing, Received, check_key, check_name
 from .model.attention import (
@@ -32,6 +33,7 @@ from .model.attention import (
     KeyStats,
     Plan,
     ResourceState,
+    SignalHint,
     Slice,
     TenantStats,
 )
@@ -217,42 +219,23 @@ class Attention:
             while True:
                 token = wakeups.token(name)  # before looking: a change after it wakes us
                 hint = await backend.attention_next(self.name)
+                at = await self._try_at(hint)
                 now = backend.clock.now()
-                if hint is None:  # the engine cannot tell cheaply: take, then wait
+                if at is not None and at <= now:
                     got = await backend.attention_take(self.name)
                     if got is not None:
                         return got
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        return None
-                    await wakeups.wait(token, remaining)
-                    continue
-                if hint.ready:
-                    at: float | None = now
-                elif hint.due is None:
-                    at = None
-                elif backend.attention_scheduled_here(self.name, hint.due):
-                    at = hint.due
-                    if 0 < at - now <= _ON_TIME:
-                        while backend.clock.now() < at:  # noqa: ASYNC110 - at most 1.5 ms
-                            await asyncio.sleep(0)
-                        now = backend.clock.now()
-                    elif at - now > _ON_TIME:
-                        at -= _ON_TIME  # wake early; the branch above gets it on time
+                    if hint is not None:
+                        # what looked ready was blocked, empty or rate-limited (and is
+                        # re-signalled by now): look again after a pause that the take's
+                        # own re-signals cannot cut short
+                        missed = min(0.1, max(0.001, missed * 2))
+                        token = wakeups.token(name)
+                        at = now + missed
+                    else:  # the engine cannot tell: wait for a wake-up
+                        at = None
                 else:
-                    at = hint.due + FOREIGN_DUE_GRACE
-                if at is None or at > now:
                     missed = 0.0
-                else:
-                    got = await backend.attention_take(self.name)
-                    if got is not None:
-                        return got
-                    # what looked ready was blocked, empty or rate-limited (its signals
-                    # are handled and re-signalled by now): look again after a pause that
-                    # the take's own re-signals cannot cut short
-                    missed = min(0.1, max(0.001, missed * 2))
-                    token = wakeups.token(name)
-                    at = now + missed
                 remaining = deadline - loop.time()
                 if remaining <= 0:
                     return None
@@ -260,6 +243,28 @@ class Attention:
                 await wakeups.wait(token, timeout)
         finally:
             lead.release()
+
+    async def _try_at(self, hint: SignalHint | None) -> float | None:
+        """When to try a take after looking: now for a ready signal (or an engine that
+        cannot tell), a delayed signal's due time if this broker scheduled it (reached on
+        time: a little early, then yielding to the loop, whose timers run late), a grace
+        later for another process's; None: nothing is due, wait to be woken."""
+        backend = self._backend
+        clock = backend.clock
+        if hint is None or hint.ready:
+            return clock.now()
+        if hint.due is None:
+            return None
+        if not backend.attention_scheduled_here(self.name, hint.due):
+            return hint.due + FOREIGN_DUE_GRACE
+        if isinstance(clock, ManualClock):  # moved by advance(), which wakes every waiter
+            return hint.due
+        early = hint.due - clock.now()
+        if early > _ON_TIME:
+            return hint.due - _ON_TIME  # wake early; the look after it gets here
+        while clock.now() < hint.due:  # noqa: ASYNC110 - at most _ON_TIME (1.5 ms)
+            await asyncio.sleep(0)
+        return hint.due
 
     async def _receive(
         self, s: Slice, n: int, visibility_timeout: float | None
