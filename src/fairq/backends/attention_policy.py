@@ -27,7 +27,7 @@ docs/attention.md ("The scheduler") says the same for an engine author.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -39,6 +39,7 @@ from ..model.attention import (
     AttentionConfig,
     Charge,
     Plan,
+    TenantStats,
 )
 
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "resignal_allowed",
     "slice_cost",
     "tenant_at_cap",
+    "tenant_rows",
     "usage_bucket",
     "usage_since",
 ]
@@ -241,3 +243,32 @@ def tenant_at_cap(keys: Iterable[tuple[int, int, int]]) -> bool:
     has backlog, and every key with backlog already runs all the slices it may."""
     backlogged = [(active, cap) for visible, active, cap in keys if visible > 0]
     return bool(backlogged) and all(active >= cap for active, cap in backlogged)
+
+
+def tenant_rows(
+    used: Mapping[str, tuple[float, int, int]],
+    keys: Mapping[str, list[tuple[int, int, int]]],
+    top: int,
+) -> list[TenantStats]:
+    """:class:`TenantStats` from what an engine read: ``used`` — per tenant, its busy
+    seconds, slices and messages over the window; ``keys`` — per tenant, (visible, active,
+    max_concurrency) of its active keys with backlog. The ``top`` by share, then backlog."""
+    total = sum(u[0] for u in used.values())
+    rows = []
+    for name in used.keys() | keys.keys():
+        busy, slices, messages = used.get(name, (0.0, 0, 0))
+        mine = keys.get(name, [])
+        rows.append(
+            TenantStats(
+                name,
+                busy / total if total > 0 else 0.0,
+                busy,
+                slices,
+                messages,
+                sum(v for v, _, _ in mine),
+                len(mine),
+                tenant_at_cap(mine),
+            )
+        )
+    rows.sort(key=lambda r: (-r.share, -r.backlog, r.tenant))
+    return rows[:top]

@@ -44,7 +44,7 @@ from ..attention_policy import (
     refill,
     resignal_allowed,
     slice_cost,
-    tenant_at_cap,
+    tenant_rows,
     usage_bucket,
     usage_since,
 )
@@ -561,25 +561,7 @@ class MemoryAttention(MemoryQueues):
             if q is not None and q.visible:
                 cap = self._plan(d, k).max_concurrency
                 keys.setdefault(k.tenant, []).append((q.visible, k.active, cap))
-        total = sum(u[0] for u in used.values())
-        rows = []
-        for name in used.keys() | keys.keys():
-            busy, slices, messages = used.get(name, (0.0, 0, 0))
-            mine = keys.get(name, [])
-            rows.append(
-                TenantStats(
-                    name,
-                    busy / total if total > 0 else 0.0,
-                    busy,
-                    slices,
-                    messages,
-                    sum(v for v, _, _ in mine),
-                    len(mine),
-                    tenant_at_cap(mine),
-                )
-            )
-        rows.sort(key=lambda r: (-r.share, -r.backlog, r.tenant))
-        return rows[:top]
+        return tenant_rows(used, keys, top)
 
     # -- wake-ups --------------------------------------------------------------------------
     async def attention_next(self, domain: str) -> SignalHint:

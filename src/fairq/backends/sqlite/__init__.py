@@ -41,7 +41,7 @@ from ...model.queues import Envelope, QueueConfig, QueueStats
 from ...model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ...model.topics import PublishResult, Subscription, TopicConfig, TopicStats
 from ..base import Backend
-from . import attention, idempotency, messages, topics, waitingroom
+from . import attention, attention_stats, idempotency, messages, topics, waitingroom
 from . import queues as store
 from .txn import Txn
 from .watch import RECHECKS, WalWatch
@@ -220,23 +220,23 @@ class SQLiteBackend(Backend):
         await self._call(attention.set_resource, domain, key, plan, state, tenant)
 
     async def attention_stats(self, domain: str) -> AttentionStats:
-        return await self._call(attention.stats, domain)
+        return await self._call(attention_stats.stats, domain)
 
     async def attention_key_stats(self, domain: str, top: int) -> list[KeyStats]:
-        return await self._call(attention.key_stats, domain, top)
+        return await self._call(attention_stats.key_stats, domain, top)
 
     async def attention_reconcile(self, domain: str) -> int:
         return await self._call(attention.reconcile, domain)
 
     async def attention_tenant_stats(self, domain: str, top: int) -> list[TenantStats]:
-        return await self._call(attention.tenant_stats, domain, top)
+        return await self._call(attention_stats.tenant_stats, domain, top)
 
     async def attention_next(self, domain: str) -> SignalHint:
         conn = self._writer.conn
         if conn is None:
             raise BackendError("the sqlite backend is closed")
         try:
-            return attention.hint(conn, domain)
+            return attention_stats.hint(conn, domain)
         except sqlite3.Error as exc:
             raise BackendError(f"sqlite: {exc}") from exc
 
