@@ -23,6 +23,12 @@ Each strategy runs in its own process on a fresh SQLite file.
     fairq bench attention --quick
 
 Results: a rich table, bench/results/attention.json, and a plot (python -m bench.plot).
+
+Attention under contention (issue 16) — shares of worker time, a capped tenant, a burst,
+a rate-limited key across processes, kill -9 chaos — are the scenarios of
+``bench/contention.py`` (publisher and workers in processes of their own); ``--only``
+takes their names too (shares, capped, burst, rate2, chaos), and the full run runs them
+after the strategies above.
 """
 
 from __future__ import annotations
@@ -571,11 +577,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         prog="python -m bench.attention", description=__doc__.split("\n\n")[0]
     )
     parser.add_argument("--quick", action="store_true", help="1,000 stores, 10,000 noisy jobs, 5 s")
-    parser.add_argument("--only", default=",".join(STRATEGIES), help="what to run, e.g. e,a,rate")
+    parser.add_argument(
+        "--only",
+        default=",".join(STRATEGIES),
+        help="what to run, e.g. e,a,rate (or shares,capped,burst,rate2,chaos: bench.contention)",
+    )
     parser.add_argument("--plot", action="store_true", help="only redraw the PNG from the JSON")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    from . import contention
+
+    chosen = [s for s in args.only.split(",") if s]
+    under_contention = [s for s in chosen if s in contention.SCENARIOS]
+    if args.only == parser.get_default("only"):
+        under_contention = list(contention.SCENARIOS)
+    args.only = ",".join(s for s in chosen if s not in contention.SCENARIOS)
+    more = ["--only", ",".join(under_contention)] + (["--quick"] if args.quick else [])
+    if under_contention and not args.only and not args.plot and not args.child:
+        return contention.main(more)
     sc = Scenario()
     if args.quick:
         sc = Scenario(
@@ -739,6 +759,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     console.print(f"results: {out}")
     if not args.quick and any(r["strategy"] in SCENARIO for r in results):
         console.print(f"plot: {plot(json.loads(out.read_text()), png)}")
+    if under_contention:
+        return contention.main(more)
     return 0
 
 

@@ -10,7 +10,7 @@ consumers and a flash-sale waiting room — embedded on SQLite, or on a distribu
         await msg.ack()
 """
 
-from .attention import Attention, AttentionStats, KeyStats, Plan
+from .attention import Attention, AttentionStats, KeyStats, Plan, TenantStats
 from .broker import Broker, connect
 from .clock import Clock, ManualClock, SystemClock
 from .errors import (
@@ -106,6 +106,7 @@ __all__ = [
     "Status",
     "Subscription",
     "SystemClock",
+    "TenantStats",
     "Ticket",
     "Topic",
     "TopicNotFound",

@@ -10,17 +10,20 @@ after which the key, if it still has backlog, is signalled again at the tail. Li
 scheduler's time slices, no key monopolises the workers, and no worker polls an empty
 queue.
 
-Fairness is two-level: rounds go over tenants (least recently served first), then over
-the tenant's keys in turn; a key's share is set by its :class:`Plan`, never by its
-backlog. The seed is the article "Attention Queue: on-demand processing for granular
-queues" (MarketHub, 50,000 stores).
+Fairness is two-level and counted in worker time: tenants share the workers (each is
+charged the time its slices hold a worker, over its plans' ``weight``; the one that has
+used least goes next), then the tenant's keys take turns; a key's share is set by its
+:class:`Plan`, never by its backlog. The seed is the article "Attention Queue: on-demand
+processing for granular queues" (MarketHub, 50,000 stores).
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING
 
+from .clock import ManualClock
 from .errors import InvalidOption
 from .message import Outgoing, Received, check_key, check_name
 from .model.attention import (
@@ -30,7 +33,9 @@ from .model.attention import (
     KeyStats,
     Plan,
     ResourceState,
+    SignalHint,
     Slice,
+    TenantStats,
 )
 from .queue import Queue, make_envelopes, wait_for_room
 
@@ -46,7 +51,17 @@ __all__ = [
     "Plan",
     "ResourceState",
     "Slice",
+    "TenantStats",
 ]
+
+#: seconds a broker waits past a delayed signal's due time before it takes a signal another
+#: broker (another process) scheduled: that one takes it on time, so one due signal costs
+#: one take attempt rather than one per process; if it cannot (busy, gone), this one does
+FOREIGN_DUE_GRACE = 0.05
+#: a taker sleeping until a signal of its own comes due wakes this much early and yields to
+#: the loop until the clock gets there: the loop's timers run up to a millisecond late, and
+#: a rate-limited key with burst 1 loses that much of every period to its bucket's cap
+_ON_TIME = 0.0015
 
 
 class Attention:
@@ -164,6 +179,14 @@ class Attention:
             raise InvalidOption(f"top must be a positive integer, got {top!r}")
         return await self._backend.attention_key_stats(self.name, top)
 
+    async def tenant_stats(self, top: int = 50) -> list[TenantStats]:
+        """The ``top`` tenants over the last minute — worker-time share, slices, messages —
+        with their backlog and whether they are at their cap, by share then backlog.
+        Raises ``Unsupported`` on engines that keep no per-tenant usage yet."""
+        if isinstance(top, bool) or not isinstance(top, int) or top < 1:
+            raise InvalidOption(f"top must be a positive integer, got {top!r}")
+        return await self._backend.attention_tenant_stats(self.name, top)
+
     async def reconcile(self) -> int:
         """Signal every active key that has backlog, no pending signal and no running slice
         (a lost signal); return how many. Workers run this every ``reconcile_interval``."""
@@ -171,23 +194,77 @@ class Attention:
 
     # -- for the worker runtime ------------------------------------------------------------
     async def _take(self, wait: float) -> Slice | None:
-        """Take the next signal and its slice, waiting up to ``wait`` seconds for one."""
-        backend = self._backend
-        wakeups = backend.wakeups
-        token_name = f"attention:{self.name}"
-        import asyncio
+        """Take the next signal and its slice, waiting up to ``wait`` seconds for one.
 
+        Waiting is cheap: the taker looks (:meth:`Backend.attention_next`, a read) before it
+        takes (a write), sleeps until the next signal is due, and is the only task of this
+        process waiting on the domain (the others queue behind it), so a due signal costs
+        one take attempt here — and none in other processes, which look again
+        ``FOREIGN_DUE_GRACE`` later than its due time unless they scheduled it."""
+        backend = self._backend
+        if wait <= 0:
+            return await backend.attention_take(self.name)
+        wakeups = backend.wakeups
+        name = f"attention:{self.name}"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        while True:
-            token = wakeups.token(token_name)
-            got = await backend.attention_take(self.name)
-            if got is not None or wait <= 0:
-                return got
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return None
-            await wakeups.wait(token, remaining)
+        lead = wakeups.lead(name)
+        try:
+            async with asyncio.timeout(wait):
+                await lead.acquire()
+        except TimeoutError:
+            return None
+        try:
+            missed = 0.0  # after a take that found nothing, a growing pause (blocked keys)
+            while True:
+                token = wakeups.token(name)  # before looking: a change after it wakes us
+                hint = await backend.attention_next(self.name)
+                at = await self._try_at(hint)
+                now = backend.clock.now()
+                if at is not None and at <= now:
+                    got = await backend.attention_take(self.name)
+                    if got is not None:
+                        return got
+                    if hint is not None:
+                        # what looked ready was blocked, empty or rate-limited (and is
+                        # re-signalled by now): look again after a pause that the take's
+                        # own re-signals cannot cut short
+                        missed = min(0.1, max(0.001, missed * 2))
+                        token = wakeups.token(name)
+                        at = now + missed
+                    else:  # the engine cannot tell: wait for a wake-up
+                        at = None
+                else:
+                    missed = 0.0
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return None
+                timeout = remaining if at is None else min(remaining, max(0.0, at - now))
+                await wakeups.wait(token, timeout)
+        finally:
+            lead.release()
+
+    async def _try_at(self, hint: SignalHint | None) -> float | None:
+        """When to try a take after looking: now for a ready signal (or an engine that
+        cannot tell), a delayed signal's due time if this broker scheduled it (reached on
+        time: a little early, then yielding to the loop, whose timers run late), a grace
+        later for another process's; None: nothing is due, wait to be woken."""
+        backend = self._backend
+        clock = backend.clock
+        if hint is None or hint.ready:
+            return clock.now()
+        if hint.due is None:
+            return None
+        if not backend.attention_scheduled_here(self.name, hint.due):
+            return hint.due + FOREIGN_DUE_GRACE
+        if isinstance(clock, ManualClock):  # moved by advance(), which wakes every waiter
+            return hint.due
+        early = hint.due - clock.now()
+        if early > _ON_TIME:
+            return hint.due - _ON_TIME  # wake early; the look after it gets here
+        while clock.now() < hint.due:  # noqa: ASYNC110 - at most _ON_TIME (1.5 ms)
+            await asyncio.sleep(0)
+        return hint.due
 
     async def _receive(
         self, s: Slice, n: int, visibility_timeout: float | None

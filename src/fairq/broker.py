@@ -23,10 +23,10 @@ from .attention import Attention, AttentionConfig, Plan
 from .backends.base import Backend
 from .backends.open import mask_url, open_backend
 from .clock import Clock, SystemClock
-from .errors import ConnectionError, InvalidOption
+from .errors import ConnectionError, InvalidOption, Unsupported
 from .idempotency import IdempotencyStore, VersionGate
 from .message import check_name
-from .model.attention import DEFAULT_PLANS
+from .model.attention import DEFAULT_PLANS, Charge
 from .model.queues import DEFAULT, queue_config_from_options
 from .pubsub import Topic, TopicConfig
 from .queue import Overflow, Queue
@@ -182,6 +182,7 @@ class Broker:
         work_queue: str = "process.{domain}.{key}.work",
         queue_options: Mapping[str, Any] | None = None,
         slice_lease: float = 30.0,
+        charge: Charge = "time",
     ) -> Attention:
         """Create an attention domain (or update its options); return its handle.
 
@@ -189,8 +190,10 @@ class Broker:
         enterprise as in the seed), ``work_queue`` is the template of each key's queue,
         ``queue_options`` the ``declare_queue`` options of every work queue, and
         ``slice_lease`` how long a slice's concurrency token lives unless renewed.
-        ``work_queue`` cannot change once the domain has keys (``ConfigConflict``: their
-        backlog is in the queues the old template named).
+        ``charge`` is what tenants share: ``"time"`` (default; a slice costs the seconds
+        it holds a worker) or ``"messages"`` (the messages it handles), each over the
+        plan's ``weight``. ``work_queue`` cannot change once the domain has keys
+        (``ConfigConflict``: their backlog is in the queues the old template named).
         """
         check_name(domain, "attention domain")
         config = AttentionConfig(
@@ -199,7 +202,14 @@ class Broker:
             work_queue=work_queue,
             queue_options=dict(queue_options or {}),
             slice_lease=slice_lease,
+            charge=charge,
         ).validated(domain)
+        lacking = self.backend.missing.get("worker_time_fairness")
+        if lacking is not None and config.uses_worker_time_fairness():
+            raise Unsupported(
+                f"plan weights and charge='messages' need the worker-time scheduler, which "
+                f"{type(self.backend).__name__} does not have yet: {lacking}"
+            )
         await self.backend.declare_attention(domain, config)
         return self.attention(domain)
 

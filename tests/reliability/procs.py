@@ -59,6 +59,24 @@ async def consume(url: str, seconds: float) -> None:
                 print("got", m.id, f"{latency:.4f}", flush=True)
 
 
+async def attention_worker(url: str, slots: int) -> None:
+    """Handle domain "market" with a Worker of ``slots`` (1 ms handlers); print a line
+    every 100 messages handled."""
+    async with await fairq.connect(url) as broker:
+        worker = fairq.Worker(broker, concurrency=slots, handle_signals=False, poll_wait=0.2)
+        handled = 0
+
+        @worker.attention("market")
+        async def handle(msg: fairq.Received) -> None:
+            nonlocal handled
+            await asyncio.sleep(0.001)
+            handled += 1
+            if handled % 100 == 0:
+                print("handled", handled, flush=True)
+
+        await worker.run()
+
+
 if __name__ == "__main__":
     role, url, arg = sys.argv[1], sys.argv[2], sys.argv[3]
     main = {
@@ -66,5 +84,6 @@ if __name__ == "__main__":
         "send": send_batches,
         "consume": consume,
         "attention": publish_attention,
+        "attention-worker": attention_worker,
     }[role]
     asyncio.run(main(url, int(arg) if role != "consume" else float(arg)))  # type: ignore[operator]

@@ -3,25 +3,66 @@
 A backend reads a key's state inside its atomic step, asks :func:`on_signal` what to do
 with a signal it took, :func:`on_slice_end` what to do when a slice ends, and keeps the
 key's token bucket with :func:`refill`. Only the storage differs between engines.
+
+The scheduler (rule 4) is start-time fair queueing over tenants, in virtual time; an
+engine keeps, per domain, a virtual ``clock`` and a cost ``estimate``; per tenant, its
+virtual time ``vt``, its own ``estimate``, its ready-signal count and a tie-break
+``turn``; per running slice, the tenant it charged, the ``charged`` amount and when it was
+taken. Then:
+
+* take: among tenants with a ready signal, the smallest ``(vt, turn)`` goes next
+  (:func:`order`), its oldest ready signal first (FIFO, so its keys take turns); a signal
+  that yields a slice charges the tenant :func:`on_take` (an estimate, so workers taking
+  at once spread over tenants) and moves the clock; every signal taken gives the tenant a
+  new ``turn`` (the domain's turn counter), so equal virtual times go round robin;
+* a tenant's first ready signal (ready count 0 -> 1) sets ``vt = eligible_vt(vt, clock)``:
+  idleness — or a cap it could not use — earns no credit;
+* slice end: :func:`on_end` replaces the estimate with the slice's real cost
+  (:func:`slice_cost` — seconds held, or messages handled — over the plan's weight), and
+  :func:`next_estimate` folds that cost into the tenant's and the domain's estimates.
+
+docs/attention.md ("The scheduler") says the same for an engine author.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from ..errors import ConfigConflict
-from ..model.attention import DROPPING_STATES, PARKING_STATES, AttentionConfig, Plan
+from ..model.attention import (
+    DROPPING_STATES,
+    PARKING_STATES,
+    TENANT_WINDOW,
+    AttentionConfig,
+    Charge,
+    Plan,
+    TenantStats,
+)
 
 __all__ = [
+    "ESTIMATE_WEIGHT",
+    "USAGE_BUCKET",
     "KeyView",
     "SignalDecision",
     "check_change",
+    "eligible_vt",
+    "estimate",
+    "next_estimate",
+    "on_end",
     "on_signal",
     "on_slice_end",
+    "on_take",
+    "order",
     "refill",
     "resignal_allowed",
+    "slice_cost",
+    "tenant_at_cap",
+    "tenant_rows",
+    "usage_bucket",
+    "usage_since",
 ]
 
 Action = Literal["drop", "park", "block", "empty", "rate_limited", "slice"]
@@ -130,3 +171,104 @@ def on_slice_end(
     if key.waiting_due is not None and key.pending == 0 and key.active == 0:
         return key.waiting_due, "republished"
     return None, None
+
+
+# -- the scheduler (rule 4): start-time fair queueing over tenants, in virtual time -------
+#: how much one slice's cost moves a cost estimate (an exponentially weighted mean)
+ESTIMATE_WEIGHT = 0.2
+#: seconds per bucket of the tenants' usage history (:class:`~fairq.TenantStats`)
+USAGE_BUCKET = 5.0
+
+
+def order(vt: float, turn: int) -> tuple[float, int]:
+    """The sort key of a tenant with a ready signal: the smallest goes next."""
+    return (vt, turn)
+
+
+def eligible_vt(vt: float, clock: float) -> float:
+    """A tenant's virtual time when it gets a ready signal after having none: never behind
+    the domain's clock, so time it spent idle (or capped) buys it no burst of turns."""
+    return max(vt, clock)
+
+
+def estimate(tenant: float | None, domain: float | None) -> float:
+    """What a slice is expected to cost before it runs: the tenant's own estimate, else
+    the domain's (a new tenant's slices cost what slices here cost), else nothing."""
+    if tenant is not None:
+        return tenant
+    return domain if domain is not None else 0.0
+
+
+def on_take(vt: float, clock: float, expected: float, plan: Plan) -> tuple[float, float, float]:
+    """A signal of a tenant at virtual time ``vt`` yields a slice expected to cost
+    ``expected``: the tenant's new virtual time, the domain's new clock (the virtual time
+    being served, SFQ's rule) and what was charged (to correct at the end)."""
+    charged = expected / plan.weight
+    return vt + charged, max(clock, vt), charged
+
+
+def slice_cost(charge: Charge, held: float, handled: int) -> float:
+    """What a slice cost: the seconds it held a worker (backend clock, take to end) for
+    ``charge="time"``, the messages it handled for ``charge="messages"``."""
+    if charge == "messages":
+        return float(max(0, handled))
+    return max(0.0, held)
+
+
+def on_end(vt: float, charged: float, cost: float, plan: Plan) -> float:
+    """The tenant's virtual time once its slice's real ``cost`` replaces what was
+    ``charged`` at take."""
+    return vt - charged + cost / plan.weight
+
+
+def next_estimate(old: float | None, cost: float) -> float:
+    """An estimate after one more slice of ``cost`` (raw, before the plan's weight)."""
+    if old is None:
+        return cost
+    return old + ESTIMATE_WEIGHT * (cost - old)
+
+
+def usage_bucket(now: float) -> int:
+    """The bucket of the usage history that ``now`` falls in."""
+    return math.floor(now / USAGE_BUCKET)
+
+
+def usage_since(now: float) -> int:
+    """The oldest bucket still inside the window (the last minute) at ``now``."""
+    return usage_bucket(now) - math.ceil(TENANT_WINDOW / USAGE_BUCKET) + 1
+
+
+def tenant_at_cap(keys: Iterable[tuple[int, int, int]]) -> bool:
+    """``keys``: (visible, active, max_concurrency) of a tenant's active keys. At cap: it
+    has backlog, and every key with backlog already runs all the slices it may."""
+    backlogged = [(active, cap) for visible, active, cap in keys if visible > 0]
+    return bool(backlogged) and all(active >= cap for active, cap in backlogged)
+
+
+def tenant_rows(
+    used: Mapping[str, tuple[float, int, int]],
+    keys: Mapping[str, list[tuple[int, int, int]]],
+    top: int,
+) -> list[TenantStats]:
+    """:class:`TenantStats` from what an engine read: ``used`` — per tenant, its busy
+    seconds, slices and messages over the window; ``keys`` — per tenant, (visible, active,
+    max_concurrency) of its active keys with backlog. The ``top`` by share, then backlog."""
+    total = sum(u[0] for u in used.values())
+    rows = []
+    for name in used.keys() | keys.keys():
+        busy, slices, messages = used.get(name, (0.0, 0, 0))
+        mine = keys.get(name, [])
+        rows.append(
+            TenantStats(
+                name,
+                busy / total if total > 0 else 0.0,
+                busy,
+                slices,
+                messages,
+                sum(v for v, _, _ in mine),
+                len(mine),
+                tenant_at_cap(mine),
+            )
+        )
+    rows.sort(key=lambda r: (-r.share, -r.backlog, r.tenant))
+    return rows[:top]

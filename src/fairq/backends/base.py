@@ -21,7 +21,14 @@ from typing import ClassVar
 from ..clock import Clock, ManualClock
 from ..errors import Unsupported
 from ..message import Received
-from ..model.attention import AttentionConfig, AttentionStats, KeyStats, Slice
+from ..model.attention import (
+    AttentionConfig,
+    AttentionStats,
+    KeyStats,
+    SignalHint,
+    Slice,
+    TenantStats,
+)
 from ..model.idempotency import IdempotencyRecord, Version
 from ..model.queues import Envelope, QueueConfig, QueueStats
 from ..model.rooms import Place, RoomRecord, RoomStats, TickResult
@@ -48,6 +55,7 @@ class Wakeups:
     def __init__(self, backend: Backend, clock: Clock) -> None:
         self._backend = backend
         self._events: dict[str, asyncio.Event] = {}
+        self._leads: dict[str, asyncio.Lock] = {}
         self._waiters = 0
         self._pulse: asyncio.Task[None] | None = None
         self._kick: asyncio.Event | None = None
@@ -60,6 +68,15 @@ class Wakeups:
         if event is None:
             event = self._events[queue] = asyncio.Event()
         return event
+
+    def lead(self, name: str) -> asyncio.Lock:
+        """The lock a waiter of ``name`` holds while it tries and waits: of the tasks of this
+        process waiting for ``name`` (an attention domain's signals) one at a time is
+        woken — the others queue behind it — so one wake-up makes one attempt."""
+        lock = self._leads.get(name)
+        if lock is None:
+            lock = self._leads[name] = asyncio.Lock()
+        return lock
 
     def watched(self) -> list[str]:
         """The queues (and other wake-up names) someone holds a token for now."""
@@ -302,8 +319,11 @@ class Backend(ABC):
 
     # -- attention -------------------------------------------------------------------------
     # A domain keeps, per key: plan, state, tenant, pending signals, running slices and a
-    # token bucket; signals are served tenant by tenant (least recently served first), and
-    # FIFO within a tenant. Wake-ups for a domain go to the token ``attention:<domain>``.
+    # token bucket; signals are served tenant by tenant — the scheduler of
+    # ``attention_policy`` (virtual time per tenant, a virtual clock per domain; capability
+    # ``worker_time_fairness``), or the least recently served tenant first where an engine
+    # lists that capability missing — and FIFO within a tenant. Wake-ups for a domain go to
+    # the token ``attention:<domain>``.
     @abstractmethod
     async def declare_attention(self, domain: str, config: AttentionConfig) -> None:
         """Create the domain or update its options; ``work_queue`` cannot change once the
@@ -372,6 +392,26 @@ class Backend(ABC):
     @abstractmethod
     async def attention_reconcile(self, domain: str) -> int:
         """Signal every active key with backlog, no pending signal and no running slice."""
+
+    async def attention_tenant_stats(self, domain: str, top: int) -> list[TenantStats]:
+        """The ``top`` tenants by worker-time share over the last minute, then backlog."""
+        raise Unsupported(
+            f"{type(self).__name__} keeps no per-tenant usage yet (capability "
+            "'attention.tenant_stats')"
+        )
+
+    async def attention_next(self, domain: str) -> SignalHint | None:
+        """A cheap look (no write) at whether a take would find a signal now, or when one
+        comes due; None (the default) for an engine that cannot tell cheaply, whose takers
+        try a take at every wake-up."""
+        return None
+
+    def attention_scheduled_here(self, domain: str, due: float) -> bool:
+        """Whether this broker itself scheduled the delayed signal due at ``due`` (a slice
+        it ended, a message it delayed). It takes such a signal on time; brokers in other
+        processes look a moment later, so one due signal costs one take attempt, not one
+        per process. True where there are no other processes (the default)."""
+        return True
 
     # -- idempotency -----------------------------------------------------------------------
     # A record per (namespace, key): running (held by the claim whose token it carries,

@@ -11,6 +11,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ..broker import Broker, connect
+from ..errors import Unsupported
 
 if TYPE_CHECKING:
     pass
@@ -92,7 +93,24 @@ async def attention_tables(broker: Broker, domain: str, top: int) -> Group:
             str(k.pending),
             str(k.processed),
         )
-    return Group(counters, keys)
+    try:
+        tenants = await a.tenant_stats(top=top)
+    except Unsupported:  # an engine without per-tenant usage yet
+        return Group(counters, keys)
+    table = Table(title="tenants, last minute (share of the domain's worker time)")
+    for col in ("tenant", "share", "worker time", "slices", "messages", "backlog", "at cap"):
+        table.add_column(col, justify="left" if col == "tenant" else "right")
+    for t in tenants:
+        table.add_row(
+            t.tenant,
+            f"{t.share:.1%}",
+            _age(t.busy),
+            str(t.slices),
+            str(t.messages),
+            str(t.backlog),
+            "[yellow]yes[/yellow]" if t.at_cap else "",
+        )
+    return Group(counters, table, keys)
 
 
 @app.command()
@@ -102,7 +120,8 @@ def attention(
     watch: Annotated[bool, typer.Option(help="Refresh every second until Ctrl-C.")] = False,
     url: UrlOption = None,
 ) -> None:
-    """Show an attention domain: counters and the busiest keys (live with --watch)."""
+    """Show an attention domain: counters, tenants' shares and the busiest keys (live with
+    --watch)."""
 
     async def main() -> None:
         async with await connect(url) as broker:

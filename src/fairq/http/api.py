@@ -379,7 +379,7 @@ async def declare_attention(c: Call) -> m.AttentionInfo:
     plans = None
     if body.plans is not None:
         plans = {
-            n: Plan(p.max_concurrency, p.max_messages, p.max_time, p.rate, p.burst)
+            n: Plan(p.max_concurrency, p.max_messages, p.max_time, p.rate, p.burst, p.weight)
             for n, p in body.plans.items()
         }
     domain = c.path["domain"]
@@ -390,6 +390,7 @@ async def declare_attention(c: Call) -> m.AttentionInfo:
         work_queue=body.work_queue,
         queue_options=body.queue_options.to_options() if body.queue_options else None,
         slice_lease=body.slice_lease,
+        charge=body.charge,
     )
     return await attention_info(c.broker, domain)
 
@@ -455,6 +456,12 @@ async def key_stats(c: Call) -> m.KeyList:
     q: m.KeysQuery = c.query
     a = c.broker.attention(c.path["domain"])
     return m.KeyList(await a.key_stats(top=q.top))
+
+
+async def tenant_stats(c: Call) -> m.TenantList:
+    q: m.KeysQuery = c.query
+    a = c.broker.attention(c.path["domain"])
+    return m.TenantList(await a.tenant_stats(top=q.top))
 
 
 # -- the dashboard's view and the server ---------------------------------------------------
@@ -582,6 +589,10 @@ ROUTES: tuple[Route, ...] = (
     Route("GET", "/v1/attention/{domain}/keys", "attentionKeys", A, "read",
           "The busiest keys (by backlog, then in flight)", key_stats, query=m.KeysQuery,
           response=m.KeyList, errors=E_Q),
+    Route("GET", "/v1/attention/{domain}/tenants", "attentionTenants", A, "read",
+          "The busiest tenants over the last minute: worker-time share, slices, messages, "
+          "backlog, at cap", tenant_stats, query=m.KeysQuery, response=m.TenantList,
+          errors=E_Q),
     Route("GET", "/v1/attention/{domain}/keys/{key}", "getAttentionKey", A, "read",
           "One key's backlog, slices, plan, state and tenant", get_key,
           response=KeyStats, errors=(400, 404)),

@@ -197,12 +197,14 @@ class Client:
         work_queue: str = "process.{domain}.{key}.work",
         queue_options: Mapping[str, Any] | None = None,
         slice_lease: float = 30.0,
+        charge: str = "time",
     ) -> RemoteAttention:
         """Create an attention domain (or update its options)."""
         body: dict[str, Any] = {
             "default_plan": default_plan,
             "work_queue": work_queue,
             "slice_lease": slice_lease,
+            "charge": charge,
         }
         if plans is not None:
             body["plans"] = {n: p.to_dict() for n, p in plans.items()}

@@ -12,7 +12,12 @@ A custom collector turns stats read fresh at each scrape into metric families:
 * per attention domain: gauges ``fairq_attention_keys``, ``_signals_pending``,
   ``_slices``, counters ``fairq_attention_processed_total``, ``_republished_total``,
   ``_blocked_total``, ``_rate_limited_total``, ``_empty_total``, ``_parked_total``,
-  ``_reconciled_total``, ``_discarded_total{state}``;
+  ``_reconciled_total``, ``_discarded_total{state}``; per tenant over the last minute, for
+  the ``TOP_TENANTS`` tenants of each domain with the largest worker-time share (label
+  values stay few however many tenants there are): gauges
+  ``fairq_attention_tenant_share{domain,tenant}``, ``_tenant_slices``,
+  ``_tenant_messages``, ``_tenant_backlog``, ``_tenant_at_cap``; and per domain
+  ``fairq_attention_tenants_at_cap`` (over the tenants read);
 * per waiting room: gauges ``fairq_room_waiting``, ``_pre_queue``, ``_active``,
   ``_admit_rate``, ``_measured_rate``, ``_sold_out``, counters ``fairq_room_joined_total``,
   ``_admitted_total``, ``_used_total``, ``_expired_total``;
@@ -33,7 +38,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from ..broker import Broker
-from ..model.attention import ATTENTION_COUNTERS, AttentionStats
+from ..errors import Unsupported
+from ..model.attention import ATTENTION_COUNTERS, AttentionStats, TenantStats
 from ..model.queues import QUEUE_COUNTERS, QueueStats
 from ..pubsub import TopicStats
 from ..waitingroom import RoomStats
@@ -43,6 +49,10 @@ from .sampler import room_stats
 __all__ = ["CONTENT_TYPE", "Metrics", "RequestTimer"]
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+#: tenants per domain with gauges of their own (by worker-time share): label cardinality
+TOP_TENANTS = 10
+#: tenants read per domain to count those at their cap
+_TENANTS_READ = 1000
 
 
 @dataclass(slots=True)
@@ -52,6 +62,7 @@ class Readings:
     queues: dict[str, QueueStats] = field(default_factory=dict)
     topics: dict[str, TopicStats] = field(default_factory=dict)
     attention: dict[str, AttentionStats] = field(default_factory=dict)
+    tenants: dict[str, list[TenantStats]] = field(default_factory=dict)
     rooms: list[RoomStats] = field(default_factory=list)
 
 
@@ -139,6 +150,7 @@ class StatsCollector(Collector):
         yield from a_gauges.values()
         yield from a_counters.values()
         yield discarded
+        yield from self._tenants(r)
 
         room_gauges = {
             n: GaugeMetricFamily(f"fairq_room_{n}", text, labels=["room"])
@@ -163,6 +175,31 @@ class StatsCollector(Collector):
                 counter.add_metric([room.name], getattr(room, n))
         yield from room_gauges.values()
         yield from room_counters.values()
+
+    def _tenants(self, r: Readings) -> Iterable[Metric]:
+        labels = ["domain", "tenant"]
+        gauges = {
+            n: GaugeMetricFamily(f"fairq_attention_tenant_{n}", text, labels=labels)
+            for n, text in (
+                ("share", "Fraction of the domain's worker time used by the tenant, last minute"),
+                ("slices", "Slices of the tenant that ended in the last minute"),
+                ("messages", "Messages its slices handled in the last minute"),
+                ("backlog", "Visible messages in the tenant's active keys"),
+                ("at_cap", "1 while every backlogged key of the tenant runs max_concurrency"),
+            )
+        }
+        at_cap = GaugeMetricFamily(
+            "fairq_attention_tenants_at_cap",
+            "Tenants whose backlogged keys all run max_concurrency slices",
+            labels=["domain"],
+        )
+        for domain, tenants in r.tenants.items():
+            at_cap.add_metric([domain], sum(t.at_cap for t in tenants))
+            for t in tenants[:TOP_TENANTS]:
+                for n, gauge in gauges.items():
+                    gauge.add_metric([domain, t.tenant], float(getattr(t, n)))
+        yield from gauges.values()
+        yield at_cap
 
 
 class Metrics:
@@ -189,10 +226,14 @@ class Metrics:
             except LookupError:
                 continue
         for name in await broker.list_attention():
+            a = broker.attention(name)
             try:
-                r.attention[name] = await broker.attention(name).stats()
+                r.attention[name] = await a.stats()
+                r.tenants[name] = await a.tenant_stats(top=_TENANTS_READ)
             except LookupError:
                 continue
+            except Unsupported:  # an engine without per-tenant usage yet
+                pass
         r.rooms = await room_stats(broker)
         return r
 

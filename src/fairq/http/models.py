@@ -27,7 +27,7 @@ import msgspec
 import orjson
 from msgspec import UNSET, Meta, Struct, UnsetType
 
-from ..attention import AttentionConfig, AttentionStats, KeyStats
+from ..attention import AttentionConfig, AttentionStats, KeyStats, TenantStats
 from ..errors import InvalidMessage
 from ..message import JSON_CONTENT_TYPE, Outgoing, Received
 from ..pubsub import PublishResult, Subscription, TopicStats
@@ -208,6 +208,7 @@ class PlanModel(Struct, forbid_unknown_fields=True, kw_only=True):
     max_time: PositiveSeconds = 20.0
     rate: PositiveSeconds | None = None
     burst: Annotated[float, Meta(ge=1, le=1e12)] | None = None
+    weight: Annotated[float, Meta(gt=0, le=1e6)] = 1.0
 
 
 class AttentionOptions(Request):
@@ -218,6 +219,7 @@ class AttentionOptions(Request):
     work_queue: Annotated[str, Meta(min_length=1, max_length=200)] = "process.{domain}.{key}.work"
     queue_options: QueueOptions | None = None
     slice_lease: PositiveSeconds = 30.0
+    charge: Literal["time", "messages"] = "time"
 
 
 class ResourceRequest(Request):
@@ -354,6 +356,7 @@ class AttentionConfigInfo(Struct, kw_only=True):
     work_queue: str
     queue_options: dict[str, Any]
     slice_lease: float
+    charge: str = "time"
 
 
 class AttentionInfo(Struct, kw_only=True):
@@ -369,6 +372,12 @@ class AttentionList(Struct):
 
 class KeyList(Struct):
     keys: list[KeyStats]
+
+
+class TenantList(Struct):
+    """The busiest tenants over the last minute (by worker-time share, then backlog)."""
+
+    tenants: list[TenantStats]
 
 
 class QueueRow(Struct, kw_only=True):
@@ -390,6 +399,7 @@ class DomainRow(Struct, kw_only=True):
     name: str
     stats: AttentionStats
     keys: list[KeyStats]
+    tenants: list[TenantStats] = []
 
 
 class Overview(Struct, kw_only=True):
@@ -507,6 +517,7 @@ def attention_config(c: AttentionConfig) -> AttentionConfigInfo:
                 max_time=p.max_time,
                 rate=p.rate,
                 burst=p.burst,
+                weight=p.weight,
             )
             for n, p in c.plans.items()
         },
@@ -514,6 +525,7 @@ def attention_config(c: AttentionConfig) -> AttentionConfigInfo:
         work_queue=c.work_queue,
         queue_options=dict(c.queue_options),
         slice_lease=c.slice_lease,
+        charge=c.charge,
     )
 
 

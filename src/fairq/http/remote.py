@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from ..attention import AttentionStats, KeyStats
+from ..attention import AttentionStats, KeyStats, TenantStats
 from ..errors import LeaseLost
 from ..message import Outgoing, Received
 from ..pubsub import PublishResult, TopicStats
@@ -464,3 +464,10 @@ class RemoteAttention(_RemoteHandle):
             "GET", f"/v1/attention/{self.name}/keys", params={"top": top}
         )
         return [dataclass_from(KeyStats, k) for k in data["keys"]]
+
+    async def tenant_stats(self, top: int = 50) -> list[TenantStats]:
+        """The ``top`` tenants over the last minute, by worker-time share."""
+        data = await self._client.request(
+            "GET", f"/v1/attention/{self.name}/tenants", params={"top": top}
+        )
+        return [dataclass_from(TenantStats, t) for t in data["tenants"]]

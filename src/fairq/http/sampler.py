@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from ..broker import Broker
-from ..errors import FairqError, QueueNotFound
+from ..errors import FairqError, QueueNotFound, Unsupported
 from ..queue import QueueStats
 from ..waitingroom import RoomStats
 from . import models as m
@@ -257,8 +257,13 @@ class Sampler:
         for name in await broker.list_attention():
             with contextlib.suppress(LookupError):
                 info = await attention_info(broker, name)
-                keys = await broker.attention(name).key_stats(top=self.top_keys)
-                domains.append(m.DomainRow(name=name, stats=info.stats, keys=keys))
+                a = broker.attention(name)
+                keys = await a.key_stats(top=self.top_keys)
+                try:
+                    tenants = await a.tenant_stats(top=self.top_keys)
+                except Unsupported:  # an engine without per-tenant usage yet
+                    tenants = []
+                domains.append(m.DomainRow(name=name, stats=info.stats, keys=keys, tenants=tenants))
         rooms = await room_stats(broker)
         return m.Overview(
             time=snap.t,

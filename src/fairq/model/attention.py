@@ -15,17 +15,22 @@ from .queues import queue_config_from_options
 
 __all__ = [
     "ATTENTION_COUNTERS",
+    "CHARGES",
     "DEFAULT_PLANS",
     "DROPPING_STATES",
     "LONGEST_KEY",
     "PARKING_STATES",
     "RESOURCE_STATES",
+    "TENANT_WINDOW",
     "AttentionConfig",
     "AttentionStats",
+    "Charge",
     "KeyStats",
     "Plan",
     "ResourceState",
+    "SignalHint",
     "Slice",
+    "TenantStats",
     "check_work_queue",
 ]
 
@@ -42,6 +47,16 @@ RESOURCE_STATES: tuple[ResourceState, ...] = (
 )
 
 
+Charge = Literal["time", "messages"]
+
+#: what a slice costs its tenant: ``time`` (seconds the slice held a worker, the default)
+#: or ``messages`` (messages it handled)
+CHARGES: tuple[Charge, ...] = ("time", "messages")
+
+#: seconds of history behind :class:`TenantStats` (the last minute)
+TENANT_WINDOW = 60.0
+
+
 #: states whose signals are dropped (and counted); paused/maintenance park the key instead
 DROPPING_STATES = ("disabled", "removed")
 
@@ -56,7 +71,10 @@ class Plan:
     ``max_concurrency`` slices of the key may run at once (1: its messages are handled one
     at a time, in order); a slice handles at most ``max_messages`` messages and runs at most
     ``max_time`` seconds; ``rate`` (messages per second, across all workers) with ``burst``
-    caps the key with a token bucket kept in the backend (None: no cap).
+    caps the key with a token bucket kept in the backend (None: no cap). ``weight`` is the
+    share of worker time a slice of the key buys its tenant: a slice is charged its cost
+    divided by ``weight``, so keys on a plan of weight 2 get twice the worker time of keys
+    on a plan of weight 1 when both are backlogged.
     """
 
     max_concurrency: int = 1
@@ -64,6 +82,7 @@ class Plan:
     max_time: float = 20.0
     rate: float | None = None
     burst: float | None = None
+    weight: float = 1.0
 
     def validated(self, name: str) -> Plan:
         where = f"plan {name!r}"
@@ -88,6 +107,8 @@ class Plan:
                 raise InvalidOption(f"{where}: burst needs a rate")
             if not _positive(self.burst) or self.burst < 1:
                 raise InvalidOption(f"{where}: burst must be a number >= 1")
+        if not _positive(self.weight) or self.weight > 1e6:
+            raise InvalidOption(f"{where}: weight must be a number > 0 (at most 1e6)")
         return self
 
     @property
@@ -104,6 +125,7 @@ class Plan:
             "max_time": self.max_time,
             "rate": self.rate,
             "burst": self.burst,
+            "weight": self.weight,
         }
 
 
@@ -165,6 +187,7 @@ class AttentionConfig:
     work_queue: str = "process.{domain}.{key}.work"
     queue_options: Mapping[str, Any] = field(default_factory=dict)
     slice_lease: float = 30.0
+    charge: Charge = "time"
 
     def validated(self, domain: str) -> AttentionConfig:
         if not isinstance(self.plans, Mapping) or not self.plans:
@@ -182,6 +205,11 @@ class AttentionConfig:
         check_work_queue(self.work_queue, domain)
         if not _positive(self.slice_lease):
             raise InvalidOption("slice_lease must be a number of seconds > 0")
+        if self.charge not in CHARGES:
+            raise InvalidOption(
+                f"charge must be 'time' (a slice costs the seconds it holds a worker) or "
+                f"'messages' (the messages it handles), got {self.charge!r}"
+            )
         queue_config_from_options(self.queue_for(domain, "k"), dict(self.queue_options))
         return self
 
@@ -196,6 +224,7 @@ class AttentionConfig:
             "work_queue": self.work_queue,
             "queue_options": dict(self.queue_options),
             "slice_lease": self.slice_lease,
+            "charge": self.charge,
         }
 
     @classmethod
@@ -206,7 +235,13 @@ class AttentionConfig:
             work_queue=data["work_queue"],
             queue_options=dict(data.get("queue_options", {})),
             slice_lease=float(data.get("slice_lease", 30.0)),
+            charge=data.get("charge", "time"),
         )
+
+    def uses_worker_time_fairness(self) -> bool:
+        """Whether the domain asks for more than every engine's scheduler does: a plan
+        weight other than 1 or ``charge="messages"`` (capability ``worker_time_fairness``)."""
+        return self.charge != "time" or any(p.weight != 1.0 for p in self.plans.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +254,16 @@ class Slice:
     queue: str
     token: str
     plan: Plan
+
+
+@dataclass(frozen=True, slots=True)
+class SignalHint:
+    """What a cheap look (no write) says a take would find: ``ready`` — a signal is ready
+    now; else ``due`` — when the earliest delayed signal comes due or a slice's token
+    lease ends (which may free a key), None if there is neither."""
+
+    ready: bool
+    due: float | None
 
 
 #: the counters of :class:`AttentionStats` that are plain totals, as the backends keep them
@@ -277,3 +322,24 @@ class KeyStats:
     active: int
     pending: int
     processed: int
+
+
+@dataclass(frozen=True, slots=True)
+class TenantStats:
+    """One tenant of a domain over the last minute (:data:`TENANT_WINDOW`, kept in 5 s
+    buckets, so 55-60 s): ``share`` is the fraction of the domain's worker time (the time
+    its slices held a worker) that went to this tenant's slices; ``busy`` those seconds,
+    ``slices`` and ``messages`` the slices it ended and the messages they handled. Now:
+    ``backlog`` visible messages in its active keys, ``keys`` how many of them have some,
+    and ``at_cap`` — it has backlog, but every backlogged key already runs
+    ``max_concurrency`` slices, so it cannot use more workers (what it leaves goes to
+    the others)."""
+
+    tenant: str
+    share: float
+    busy: float
+    slices: int
+    messages: int
+    backlog: int
+    keys: int
+    at_cap: bool

@@ -94,6 +94,7 @@ class _Consumer:
     attention: Attention | None = None  # set for an attention domain's consumer
     slice_lease: float = 30.0
     reconcile_interval: float = 30.0
+    handle_time: float | None = None  # mean seconds per handler call (attention slices)
 
 
 @dataclass(slots=True, eq=False)
@@ -126,6 +127,7 @@ class _Running:
     msg: Received
     lease_until: float
     task: asyncio.Task[None] | None = None
+    settled: bool = False  # an ack, nack or dead letter is on its way: extend it no more
 
 
 class Runtime:
@@ -572,6 +574,9 @@ class Runtime:
             log.warning("could not %s the claim of key %r: %s", verb, claim.key, exc)
 
     async def _settle(self, step: Awaitable[None], msg: Received) -> None:
+        run = self._running.get(msg.receipt)
+        if run is not None:
+            run.settled = True  # a lease extension racing this step is not a lost lease
         try:
             await step
         except ConnectionError as exc:
@@ -596,7 +601,7 @@ class Runtime:
             now = loop.time()
             due: dict[str, list[_Running]] = {}
             for run in list(self._running.values()):
-                if run.lease_until - now < run.consumer.lease / 2:
+                if not run.settled and run.lease_until - now < run.consumer.lease / 2:
                     due.setdefault(run.msg.queue, []).append(run)
             for name, runs in due.items():
                 lease = runs[0].consumer.lease
@@ -608,7 +613,8 @@ class Runtime:
                     continue
                 until = loop.time() + lease
                 for r in runs:
-                    if r.msg.receipt in lost:
+                    # an ack (nack, dead letter) that landed before the extension is no loss
+                    if r.msg.receipt in lost and not r.settled:
                         log.warning(
                             "lease of message %s on %s is lost while it runs", r.msg.id, name
                         )
@@ -651,7 +657,8 @@ class Runtime:
         """Give every message whose handler is still running back to its queue now."""
         by_queue: dict[str, list[Received]] = {}
         for run in self._running.values():
-            by_queue.setdefault(run.msg.queue, []).append(run.msg)
+            if not run.settled:
+                by_queue.setdefault(run.msg.queue, []).append(run.msg)
         for name, msgs in by_queue.items():
             await self._give_back(msgs)
             log.info("gave %d unfinished message(s) back to %s", len(msgs), name)

@@ -1,5 +1,13 @@
 """Attention slices in the worker: one taker per domain hands signals' slices to runners,
-which handle a key's messages one after another within its plan, then end the slice."""
+which handle a key's messages one after another within its plan, then end the slice.
+
+A slice acks each message as it finishes — in the background, coalesced: one ack call in
+flight per slice, and what finishes meanwhile rides in the next one — and ends only once
+its acks have landed. It leases about ``_PREFETCH`` seconds of work at a time (from the
+handler's measured duration, 1 to ``_SLICE_BATCH`` messages), so a worker killed mid-slice
+leaves little leased: a few handled-but-unacked and not-yet-started messages, about what a
+queue consumer of the same concurrency leaves.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +23,38 @@ from .runtime import Backoff, Handler, Runtime, _Consumer, _Running, _SliceRun, 
 
 log = logging.getLogger("fairq.worker")
 
-_SLICE_BATCH = 32  # messages a slice leases at a time
+_SLICE_BATCH = 32  # the most messages a slice leases at a time
+_PREFETCH = 0.002  # seconds of handling a slice leases ahead (at least one message)
+_HANDLE_EWMA = 0.2  # how fast the measured handler duration follows new ones
+
+
+class _Acks:
+    """One slice's acks: sent as messages finish, one call in flight at a time."""
+
+    __slots__ = ("_pending", "_runtime", "_task")
+
+    def __init__(self, runtime: SliceRuntime) -> None:
+        self._runtime = runtime
+        self._pending: list[Received] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, msg: Received) -> None:
+        self._pending.append(msg)
+        if self._task is None:
+            self._task = asyncio.create_task(self._send(), name="fairq-slice-acks")
+
+    async def _send(self) -> None:
+        try:
+            while self._pending:
+                batch, self._pending = self._pending, []
+                await self._runtime._ack_batch(batch)
+        finally:
+            self._task = None
+
+    async def drain(self) -> None:
+        """Wait until every ack added so far has been answered."""
+        while self._task is not None:
+            await asyncio.shield(self._task)
 
 
 class SliceRuntime(Runtime):
@@ -137,6 +176,7 @@ class SliceRuntime(Runtime):
         """One of ``c.concurrency`` runners: run the slices the dispatcher hands over."""
         me = asyncio.current_task()
         assert me is not None
+        assert self._stopping is not None
         while True:
             s = await handoff.get()
             self._busy_runners.add(me)
@@ -145,22 +185,26 @@ class SliceRuntime(Runtime):
             finally:
                 self._busy_runners.discard(me)
                 await self._give_slots(c, 1)
+            if self._stopping.is_set():  # the shutdown waits for this task to return
+                return
 
     async def _run_slice(self, c: _Consumer, s: Slice) -> None:
         """Handle up to the plan's ``max_messages`` messages of the key within ``max_time``,
-        one after another (so ``max_concurrency=1`` keeps the key's order), acking each
-        batch; then end the slice, which re-signals the key if it has backlog left."""
+        one after another (so ``max_concurrency=1`` keeps the key's order), acking each as
+        it finishes; then, once the acks have landed, end the slice, which re-signals the
+        key if it has backlog left."""
         assert c.attention is not None and self._stopping is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.plan.max_time
         handled = 0
         retry_at: float | None = None
+        acks = _Acks(self)
         self._slices[s.token] = _SliceRun(c, s, loop.time() + c.slice_lease)
         try:
             while handled < s.plan.max_messages and not self._stopping.is_set():
                 if loop.time() >= deadline:
                     break
-                want = min(s.plan.max_messages - handled, _SLICE_BATCH)
+                want = min(s.plan.max_messages - handled, self._prefetch(c))
                 try:
                     msgs, retry_at = await c.attention._receive(s, want, c.visibility_timeout)
                 except LeaseLost:
@@ -170,37 +214,65 @@ class SliceRuntime(Runtime):
                     break
                 self.stats.received += len(msgs)
                 until = loop.time() + c.lease
-                for m in msgs:
-                    self._running[m.receipt] = _Running(c, m, until)
-                done: list[Received] = []
+                runs = [_Running(c, m, until) for m in msgs]
+                for run in runs:
+                    self._running[run.msg.receipt] = run
                 try:
-                    for i, m in enumerate(msgs):
+                    for i, run in enumerate(runs):
                         if loop.time() >= deadline or self._stopping.is_set():
-                            await self._give_back(msgs[i:])
+                            await self._give_back([r.msg for r in runs[i:]])
                             break
-                        if await self._invoke(c, m):
-                            done.append(m)
+                        started = loop.time()
+                        ok = await self._invoke(c, run.msg)
+                        took = loop.time() - started
+                        c.handle_time = (
+                            took
+                            if c.handle_time is None
+                            else c.handle_time + _HANDLE_EWMA * (took - c.handle_time)
+                        )
                         handled += 1
+                        if ok:
+                            run.settled = True  # the lease keeper leaves it alone from now on
+                            acks.add(run.msg)
+                        self._running.pop(run.msg.receipt, None)
                 finally:
-                    await self._ack_all(done)
-                    for m in msgs:
-                        self._running.pop(m.receipt, None)
+                    for run in runs:
+                        self._running.pop(run.msg.receipt, None)
         finally:
             self._slices.pop(s.token, None)
             try:
-                await asyncio.shield(c.attention._end(s, handled, retry_at))
+                await asyncio.shield(self._finish_slice(c, s, acks, handled, retry_at))
             except Exception as exc:  # the token's lease frees it anyway
                 log.warning("could not end the slice of %s/%s: %s", s.domain, s.key, exc)
 
-    async def _ack_all(self, done: list[Received]) -> None:
-        if not done:
-            return
+    async def _finish_slice(
+        self, c: _Consumer, s: Slice, acks: _Acks, handled: int, retry_at: float | None
+    ) -> None:
+        """The slice's acks land first: its end may re-signal the key, and the next slice
+        must not find the acked messages still leased."""
+        assert c.attention is not None
+        await acks.drain()
+        await c.attention._end(s, handled, retry_at)
+
+    def _prefetch(self, c: _Consumer) -> int:
+        """How many messages a slice leases at once: ``_PREFETCH`` seconds of handling."""
+        if c.handle_time is None:
+            return 1
+        if c.handle_time <= 0:
+            return _SLICE_BATCH
+        return max(1, min(_SLICE_BATCH, int(_PREFETCH / c.handle_time)))
+
+    async def _ack_batch(self, done: list[Received]) -> None:
+        """Ack handled messages of one queue; a failure is logged (the lease runs out and
+        the message comes back: at-least-once)."""
         q = queue_of(done[0])
         try:
             await q.ack_batch([m.receipt for m in done])
         except LeaseLost as exc:
             self.stats.lease_lost += len(exc.lost)
             log.warning("%d lease(s) on %s were lost before the ack", len(exc.lost), q.name)
+        except Exception as exc:
+            log.warning("could not ack %d message(s) on %s: %s", len(done), q.name, exc)
 
     async def _reconcile(self, c: _Consumer) -> None:
         """Signal the domain's keys that have work but no signal (lost ones), now and then."""

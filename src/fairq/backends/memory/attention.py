@@ -1,8 +1,10 @@
 """The memory backend's attention domains: keys, signals, slices and token buckets.
 
-Signals wait per tenant in FIFO order; tenants with a due signal wait in a heap ordered
-by when each was last served, so a tenant with 1,000 keys gets as many turns as a tenant
-with one. Delayed signals and slice leases live in heaps ordered by due time.
+Signals wait per tenant in FIFO order; tenants with a ready signal wait in a heap ordered
+by virtual time, then turn (``attention_policy``'s scheduler), so a tenant with 1,000 keys
+gets as much worker time as a tenant with one. Entries of that heap go stale when a
+tenant's virtual time or turn changes (a fresh one is pushed) and are skipped when popped.
+Delayed signals and slice leases live in heaps ordered by due time.
 """
 
 from __future__ import annotations
@@ -23,17 +25,28 @@ from ...model.attention import (
     AttentionStats,
     KeyStats,
     Plan,
+    SignalHint,
     Slice,
+    TenantStats,
 )
 from ...model.queues import Envelope, QueueConfig
 from ..attention_policy import (
     KeyView,
     check_change,
+    eligible_vt,
+    estimate,
+    next_estimate,
     next_permit,
+    on_end,
     on_signal,
     on_slice_end,
+    on_take,
     refill,
     resignal_allowed,
+    slice_cost,
+    tenant_rows,
+    usage_bucket,
+    usage_since,
 )
 from .queues import WAITING, MemoryQueues, _Queue
 
@@ -68,7 +81,11 @@ class _Key:
 class _Tenant:
     name: str
     turn: int = 0
+    vt: float = 0.0  # virtual time: worker time (or messages) used, over the plans' weights
+    estimate: float | None = None  # what one of its slices costs, as measured so far
+    live: int = 0  # live signals in ``ready``
     ready: deque[_Signal] = field(default_factory=deque)
+    usage: deque[list[float]] = field(default_factory=deque)  # [bucket, busy, slices, msgs]
 
 
 @dataclass(slots=True, eq=False)
@@ -76,6 +93,9 @@ class _SliceRec:
     token: str
     key: str
     lease_until: float
+    tenant: str = ""
+    charged: float = 0.0
+    taken_at: float = 0.0
 
 
 @dataclass(slots=True, eq=False)
@@ -84,7 +104,10 @@ class _Domain:
     config: AttentionConfig
     keys: dict[str, _Key] = field(default_factory=dict)
     tenants: dict[str, _Tenant] = field(default_factory=dict)
-    turns: list[tuple[int, int, str]] = field(default_factory=list)  # (turn, seq, tenant)
+    turns: list[tuple[float, int, int, str]] = field(default_factory=list)  # vt, turn, seq
+    clock: float = 0.0  # the domain's virtual clock: the virtual time last served
+    estimate: float | None = None  # what a slice of this domain costs, as measured so far
+    ready: int = 0  # live ready signals, over all tenants
     delayed: list[tuple[float, int, _Signal]] = field(default_factory=list)
     slices: dict[str, _SliceRec] = field(default_factory=dict)
     leases: list[tuple[float, str]] = field(default_factory=list)
@@ -146,10 +169,20 @@ class MemoryAttention(MemoryQueues):
     def _ready(self, d: _Domain, tenant: str, sig: _Signal) -> None:
         t = d.tenants.get(tenant)
         if t is None:
-            t = d.tenants[tenant] = _Tenant(tenant)
-        if not t.ready:
-            heapq.heappush(d.turns, (t.turn, sig.seq, tenant))
+            t = d.tenants[tenant] = _Tenant(tenant, vt=d.clock)
+        if not t.live:
+            t.vt = eligible_vt(t.vt, d.clock)
+            heapq.heappush(d.turns, (t.vt, t.turn, sig.seq, tenant))
         t.ready.append(sig)
+        t.live += 1
+        d.ready += 1
+
+    def _requeue(self, d: _Domain, t: _Tenant) -> None:
+        """A tenant whose virtual time or turn changed gets a fresh heap entry (if ready)."""
+        while t.ready and not t.ready[0].live:
+            t.ready.popleft()
+        if t.live:
+            heapq.heappush(d.turns, (t.vt, t.turn, t.ready[0].seq, t.name))
 
     def _sweep_domain(self, d: _Domain, now: float) -> None:
         """Delayed signals that came due join their tenant; expired slices free their token."""
@@ -164,35 +197,52 @@ class MemoryAttention(MemoryQueues):
             _, token = heapq.heappop(d.leases)
             rec = d.slices.get(token)
             if rec is not None and rec.lease_until <= now:
-                self._end_slice(d, rec, 0, None, now)
+                self._end_slice(d, rec, 0, None, now, expired=True)
 
-    def _next_signal(self, d: _Domain) -> _Signal | None:
+    def _next_signal(self, d: _Domain) -> tuple[_Tenant, _Signal] | None:
+        """Pop the next tenant's oldest ready signal and give the tenant its new turn; the
+        caller decides, charges, then calls :meth:`_served` (until then the signal still
+        counts as ready, so a re-signal of the tenant in between is no return from idle)."""
         while d.turns:
-            turn, _, tenant = d.turns[0]
+            vt, turn, _, tenant = heapq.heappop(d.turns)
             t = d.tenants[tenant]
             while t.ready and not t.ready[0].live:
                 t.ready.popleft()
-            if not t.ready or t.turn != turn:
-                heapq.heappop(d.turns)
-                if t.ready:
-                    heapq.heappush(d.turns, (t.turn, t.ready[0].seq, tenant))
-                continue
-            heapq.heappop(d.turns)
+            if not t.live or (t.vt, t.turn) != (vt, turn):
+                continue  # stale: the tenant has a fresh entry, or no ready signal
             sig = t.ready.popleft()
             d.turn_counter += 1
             t.turn = d.turn_counter
-            if t.ready:
-                heapq.heappush(d.turns, (t.turn, t.ready[0].seq, tenant))
-            return sig
+            return t, sig
         return None
 
+    def _served(self, d: _Domain, t: _Tenant) -> None:
+        t.live -= 1
+        d.ready -= 1
+        self._requeue(d, t)
+
     def _end_slice(
-        self, d: _Domain, rec: _SliceRec, processed: int, retry_at: float | None, now: float
+        self,
+        d: _Domain,
+        rec: _SliceRec,
+        processed: int,
+        retry_at: float | None,
+        now: float,
+        expired: bool = False,
     ) -> None:
         del d.slices[rec.token]
         k = d.keys.get(rec.key)
         if k is None:
             return
+        t = d.tenants.get(rec.tenant)
+        if t is not None and not expired:  # a dead worker's slice keeps its estimate
+            held = now - rec.taken_at
+            cost = slice_cost(d.config.charge, held, processed)
+            t.vt = on_end(t.vt, rec.charged, cost, self._plan(d, k))
+            t.estimate = next_estimate(t.estimate, cost)
+            d.estimate = next_estimate(d.estimate, cost)
+            self._requeue(d, t)
+            _use(t, now, held, processed)
         k.active -= 1
         k.processed += processed
         d.counters["processed"] += processed
@@ -283,11 +333,13 @@ class MemoryAttention(MemoryQueues):
         d = self._domain(domain)
         self._sweep_domain(d, now)
         for _ in range(_MAX_SIGNALS_PER_TAKE):
-            sig = self._next_signal(d)
-            if sig is None:
+            got = self._next_signal(d)
+            if got is None:
                 return None
+            t, sig = got
             k = d.keys.get(sig.key)
             if k is None:
+                self._served(d, t)
                 continue
             k.pending -= 1
             plan = self._plan(d, k)
@@ -308,10 +360,13 @@ class MemoryAttention(MemoryQueues):
             if decision.resignal_at is not None:
                 self._signal(d, k, decision.resignal_at, now)
             if action != "slice":
+                self._served(d, t)
                 continue
+            t.vt, d.clock, charged = on_take(t.vt, d.clock, estimate(t.estimate, d.estimate), plan)
+            self._served(d, t)
             token = secrets.token_hex(12)
             lease_until = now + d.config.slice_lease
-            d.slices[token] = _SliceRec(token, k.key, lease_until)
+            d.slices[token] = _SliceRec(token, k.key, lease_until, t.name, charged, now)
             heapq.heappush(d.leases, (lease_until, token))
             k.active += 1
             k.tokens, k.tokens_at = view.tokens, now
@@ -409,6 +464,8 @@ class MemoryAttention(MemoryQueues):
         moving = [s for s in old.ready if s.live and s.key == k.key]
         for s in moving:
             s.live = False
+            old.live -= 1
+            d.ready -= 1
             copy = _Signal(next(self._seq), s.key, s.due)
             self._ready(d, tenant, copy)
 
@@ -481,11 +538,62 @@ class MemoryAttention(MemoryQueues):
         d.counters["reconciled"] += n
         return n
 
+    async def attention_tenant_stats(self, domain: str, top: int) -> list[TenantStats]:
+        now = self.clock.now()
+        self._sweep(now)
+        d = self._domain(domain)
+        self._sweep_domain(d, now)
+        since = usage_since(now)
+        used: dict[str, tuple[float, int, int]] = {}
+        for t in d.tenants.values():
+            _prune(t, since)
+            if t.usage:
+                used[t.name] = (
+                    sum(u[1] for u in t.usage),
+                    int(sum(u[2] for u in t.usage)),
+                    int(sum(u[3] for u in t.usage)),
+                )
+        keys: dict[str, list[tuple[int, int, int]]] = {}
+        for k in d.keys.values():
+            if k.state != "active":
+                continue
+            q = self._work_queue(d, k.key)
+            if q is not None and q.visible:
+                cap = self._plan(d, k).max_concurrency
+                keys.setdefault(k.tenant, []).append((q.visible, k.active, cap))
+        return tenant_rows(used, keys, top)
+
     # -- wake-ups --------------------------------------------------------------------------
-    async def next_due(self) -> float | None:
-        due = await super().next_due()
-        for d in self._domains.values():
-            for heap in (d.delayed, d.leases):
-                if heap:
-                    due = heap[0][0] if due is None else min(due, heap[0][0])
-        return due
+    async def attention_next(self, domain: str) -> SignalHint:
+        d = self._domain(domain)
+        if d.ready:
+            return SignalHint(True, None)
+        # stale entries (a signal pulled forward, a lease renewed since) would wake a taker
+        # for nothing: drop them here
+        while d.delayed and not d.delayed[0][2].live:
+            heapq.heappop(d.delayed)
+        while d.leases:
+            rec = d.slices.get(d.leases[0][1])
+            if rec is not None and rec.lease_until == d.leases[0][0]:
+                break
+            heapq.heappop(d.leases)
+        dues = [heap[0][0] for heap in (d.delayed, d.leases) if heap]
+        return SignalHint(False, min(dues) if dues else None)
+
+
+def _use(t: _Tenant, now: float, busy: float, messages: int) -> None:
+    """Count a slice that ended at ``now`` in the tenant's usage history."""
+    bucket = usage_bucket(now)
+    if t.usage and t.usage[-1][0] == bucket:
+        u = t.usage[-1]
+        u[1] += busy
+        u[2] += 1
+        u[3] += messages
+    else:
+        t.usage.append([bucket, busy, 1, messages])
+        _prune(t, usage_since(now))
+
+
+def _prune(t: _Tenant, since: int) -> None:
+    while t.usage and t.usage[0][0] < since:
+        t.usage.popleft()

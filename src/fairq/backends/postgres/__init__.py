@@ -27,7 +27,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 import psycopg
 
@@ -66,6 +66,17 @@ class OffsetClock:
 
 class PostgresBackend(Backend):
     """See the module docstring."""
+
+    #: attention's worker-time scheduler and tenant usage are on memory and SQLite so far
+    missing: ClassVar[Mapping[str, str]] = {
+        "worker_time_fairness": "attention rounds go over tenants counted in slices (the "
+        "least recently served tenant next), not in worker time; plan weights other than 1 "
+        "and charge='messages' raise Unsupported",
+        "attention.tenant_stats": "Attention.tenant_stats raises Unsupported (no per-tenant "
+        "usage is kept yet)",
+        "attention.one_take_per_due": "a delayed signal coming due wakes a taker in every "
+        "process, and each tries a take (one of them gets it)",
+    }
 
     def __init__(self, url: str, clock: Clock) -> None:
         self.options: Options = parse_url(url)

@@ -28,13 +28,20 @@ from collections.abc import Callable, Hashable, Mapping
 from ...clock import Clock
 from ...errors import BackendError, InvalidOption
 from ...message import Received
-from ...model.attention import AttentionConfig, AttentionStats, KeyStats, Slice
+from ...model.attention import (
+    AttentionConfig,
+    AttentionStats,
+    KeyStats,
+    SignalHint,
+    Slice,
+    TenantStats,
+)
 from ...model.idempotency import IdempotencyRecord, Version
 from ...model.queues import Envelope, QueueConfig, QueueStats
 from ...model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ...model.topics import PublishResult, Subscription, TopicConfig, TopicStats
 from ..base import Backend
-from . import attention, idempotency, messages, topics, waitingroom
+from . import attention, attention_stats, idempotency, messages, topics, waitingroom
 from . import queues as store
 from .txn import Txn
 from .watch import RECHECKS, WalWatch
@@ -213,13 +220,29 @@ class SQLiteBackend(Backend):
         await self._call(attention.set_resource, domain, key, plan, state, tenant)
 
     async def attention_stats(self, domain: str) -> AttentionStats:
-        return await self._call(attention.stats, domain)
+        return await self._call(attention_stats.stats, domain)
 
     async def attention_key_stats(self, domain: str, top: int) -> list[KeyStats]:
-        return await self._call(attention.key_stats, domain, top)
+        return await self._call(attention_stats.key_stats, domain, top)
 
     async def attention_reconcile(self, domain: str) -> int:
         return await self._call(attention.reconcile, domain)
+
+    async def attention_tenant_stats(self, domain: str, top: int) -> list[TenantStats]:
+        return await self._call(attention_stats.tenant_stats, domain, top)
+
+    async def attention_next(self, domain: str) -> SignalHint:
+        conn = self._writer.conn
+        if conn is None:
+            raise BackendError("the sqlite backend is closed")
+        try:
+            return attention_stats.hint(conn, domain)
+        except sqlite3.Error as exc:
+            raise BackendError(f"sqlite: {exc}") from exc
+
+    def attention_scheduled_here(self, domain: str, due: float) -> bool:
+        # the writer's connection remembers the delayed signals it wrote (txn.Store)
+        return due in self._writer._store.scheduled.get(domain, {})
 
     # -- idempotency -----------------------------------------------------------------------
     async def claim(
@@ -318,15 +341,9 @@ class SQLiteBackend(Backend):
         if self._writer.conn is None:
             return None
         try:
-            found = [
-                x
-                for x in (
-                    messages.next_due(self._writer.conn),
-                    attention.next_due(self._writer.conn),
-                )
-                if x
-            ]
-            return min(found) if found else None
+            # attention takers wait for their domain's own due times (attention_next), so
+            # a delayed signal coming due wakes one taker, not every waiter of the process
+            return messages.next_due(self._writer.conn) or None
         except sqlite3.Error as exc:
             raise BackendError(f"sqlite: {exc}") from exc
 

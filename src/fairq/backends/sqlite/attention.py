@@ -1,9 +1,10 @@
 """The SQLite backend's attention operations, each inside one transaction.
 
-Keys, tenants, signals and slices are tables (``schema.sql``, version 4); the decisions
-come from :mod:`fairq.backends.attention_policy`, shared with every backend. Taking a
-signal reads the least recently served tenant with a due signal through a partial index,
-then that tenant's oldest signal — two index probes, however many keys exist.
+Keys, tenants, signals and slices are tables (``schema.sql``, versions 4 and 8); the
+decisions come from :mod:`fairq.backends.attention_policy`, shared with every backend.
+Taking a signal reads the tenant with a ready signal and the lowest virtual time through a
+partial index, then that tenant's oldest signal — two index probes, however many keys
+exist; the slice charges the tenant an estimate, which its end corrects to the real cost.
 """
 
 from __future__ import annotations
@@ -17,10 +18,7 @@ import orjson
 from ...errors import InvalidOption, LeaseLost
 from ...message import Received
 from ...model.attention import (
-    ATTENTION_COUNTERS,
     AttentionConfig,
-    AttentionStats,
-    KeyStats,
     Plan,
     Slice,
 )
@@ -28,14 +26,20 @@ from ...model.queues import Envelope
 from ..attention_policy import (
     KeyView,
     check_change,
+    estimate,
+    next_estimate,
     next_permit,
+    on_end,
     on_signal,
     on_slice_end,
+    on_take,
     refill,
     resignal_allowed,
+    slice_cost,
+    usage_bucket,
+    usage_since,
 )
 from . import queues
-from .messages import oldest_age
 from .txn import DomainRow, Txn
 
 _MAX_SIGNALS_PER_TAKE = 256
@@ -158,17 +162,22 @@ def _signal(t: Txn, d: DomainRow, k: _Key, due: float) -> None:
     k.pending += 1
     if ready:
         _tenant_ready(t, d, k.tenant, int(cur.lastrowid or 0), 1)
-    if not ready:
+    else:
         t.waiting_until(due)
+        t.store.schedule(d.name, due, t.now)
     t.op_notify.add(f"attention:{d.name}")
 
 
 def _tenant_ready(t: Txn, d: DomainRow, tenant: str, signal_id: int, n: int) -> None:
+    """``n`` more ready signals for ``tenant``; one that had none starts at
+    ``eligible_vt(vt, clock)`` (``max``, the domain's virtual clock as ``excluded.vt``)."""
     t.conn.execute(
-        "INSERT INTO fairq_att_tenants (domain_id, tenant, ready, since) VALUES (?, ?, ?, ?) "
+        "INSERT INTO fairq_att_tenants (domain_id, tenant, ready, since, vt) "
+        "VALUES (?, ?, ?, ?, (SELECT vclock FROM fairq_att_domains WHERE id = ?)) "
         "ON CONFLICT (domain_id, tenant) DO UPDATE SET ready = ready + excluded.ready, "
-        "since = CASE WHEN ready = 0 THEN excluded.since ELSE since END",
-        (d.id, tenant, n, signal_id),
+        "since = CASE WHEN ready = 0 THEN excluded.since ELSE since END, "
+        "vt = CASE WHEN ready = 0 THEN max(vt, excluded.vt) ELSE vt END",
+        (d.id, tenant, n, signal_id, d.id),
     )
 
 
@@ -198,12 +207,20 @@ def sweep_domain(t: Txn, d: DomainRow) -> None:
     for (token,) in conn.execute(
         "SELECT token FROM fairq_att_slices WHERE lease_until <= ? AND domain_id = ?", (now, d.id)
     ).fetchall():
-        _end_slice(t, d, token, 0, None)
+        _end_slice(t, d, token, 0, None, expired=True)
 
 
-def _end_slice(t: Txn, d: DomainRow, token: str, processed: int, retry_at: float | None) -> bool:
+def _end_slice(
+    t: Txn,
+    d: DomainRow,
+    token: str,
+    processed: int,
+    retry_at: float | None,
+    expired: bool = False,
+) -> bool:
     row = t.conn.execute(
-        "DELETE FROM fairq_att_slices WHERE token = ? RETURNING key", (token,)
+        "DELETE FROM fairq_att_slices WHERE token = ? RETURNING key, tenant, charged, taken_at",
+        (token,),
     ).fetchone()
     _count(t, d, "processed", processed)
     if row is None:
@@ -211,6 +228,10 @@ def _end_slice(t: Txn, d: DomainRow, token: str, processed: int, retry_at: float
     k = _load_key(t, d, row[0])
     if k is None:
         return True
+    tenant, charged, taken_at = row[1:]
+    if tenant is not None and taken_at is not None and not expired:
+        # a dead worker's slice (expired) keeps its estimate: its real cost is unknown
+        _charge(t, d, tenant, charged, t.now - taken_at, processed, _plan(d, k))
     k.active -= 1
     view = _view(t, d, k)
     when, counter = on_slice_end(view, _plan(d, k), t.now, retry_at)
@@ -220,6 +241,34 @@ def _end_slice(t: Txn, d: DomainRow, token: str, processed: int, retry_at: float
     _note_backlog(t, d, k, bool(view.visible or view.waiting_due is not None))
     k.save(t, d, processed)
     return True
+
+
+def _charge(
+    t: Txn, d: DomainRow, tenant: str, charged: float, held: float, handled: int, plan: Plan
+) -> None:
+    """A slice of ``tenant`` ended: its real cost replaces the estimate charged at take,
+    feeds the tenant's and the domain's estimates, and counts in the usage history."""
+    conn = t.conn
+    cost = slice_cost(d.config.charge, held, handled)
+    row = conn.execute(
+        "SELECT vt, estimate FROM fairq_att_tenants WHERE domain_id = ? AND tenant = ?",
+        (d.id, tenant),
+    ).fetchone()
+    if row is not None:
+        conn.execute(
+            "UPDATE fairq_att_tenants SET vt = ?, estimate = ? WHERE domain_id = ? AND tenant = ?",
+            (on_end(row[0], charged, cost, plan), next_estimate(row[1], cost), d.id, tenant),
+        )
+    (old,) = conn.execute("SELECT estimate FROM fairq_att_domains WHERE id = ?", (d.id,)).fetchone()
+    conn.execute(
+        "UPDATE fairq_att_domains SET estimate = ? WHERE id = ?", (next_estimate(old, cost), d.id)
+    )
+    conn.execute(
+        "INSERT INTO fairq_att_usage (domain_id, bucket, tenant, busy, slices, messages) "
+        "VALUES (?, ?, ?, ?, 1, ?) ON CONFLICT (domain_id, bucket, tenant) DO UPDATE SET "
+        "busy = busy + excluded.busy, slices = slices + 1, messages = messages + excluded.messages",
+        (d.id, usage_bucket(t.now), tenant, max(0.0, held), handled),
+    )
 
 
 # -- domains -------------------------------------------------------------------------------
@@ -250,7 +299,13 @@ def delete_attention(t: Txn, name: str) -> bool:
     d = t.find_domain(name)
     if d is None:
         return False
-    for table in ("fairq_att_keys", "fairq_att_tenants", "fairq_att_signals", "fairq_att_slices"):
+    for table in (
+        "fairq_att_keys",
+        "fairq_att_tenants",
+        "fairq_att_signals",
+        "fairq_att_slices",
+        "fairq_att_usage",
+    ):
         t.conn.execute(f"DELETE FROM {table} WHERE domain_id = ?", (d.id,))
     t.conn.execute("DELETE FROM fairq_att_domains WHERE id = ?", (d.id,))
     t.configs_changed()
@@ -306,16 +361,16 @@ def _pull_forward(t: Txn, d: DomainRow, k: _Key) -> None:
 def take(t: Txn, domain: str) -> Slice | None:
     d = t.domain(domain)
     sweep_domain(t, d)
-    conn, now = t.conn, t.now
+    conn = t.conn
     for _ in range(_MAX_SIGNALS_PER_TAKE):
         turn = conn.execute(
-            "SELECT tenant FROM fairq_att_tenants WHERE domain_id = ? AND ready > 0 "
-            "ORDER BY turn, since LIMIT 1",
+            "SELECT tenant, vt, estimate FROM fairq_att_tenants WHERE domain_id = ? "
+            "AND ready > 0 ORDER BY vt, turn, since LIMIT 1",
             (d.id,),
         ).fetchone()
         if turn is None:
             return None
-        tenant = turn[0]
+        tenant, vt, tenant_estimate = turn
         sig = conn.execute(
             "SELECT id, key FROM fairq_att_signals "
             "WHERE domain_id = ? AND tenant = ? AND ready = 1 ORDER BY id LIMIT 1",
@@ -328,58 +383,79 @@ def take(t: Txn, domain: str) -> Slice | None:
             )
             continue
         conn.execute("DELETE FROM fairq_att_signals WHERE id = ?", (sig[0],))
+        k = _load_key(t, d, sig[1])
+        got: Slice | None = None
+        charged = 0.0
+        if k is not None:
+            got, charged = _take_signal(t, d, k, tenant, vt, tenant_estimate)
+        # the tenant's turn, and its charge, after the decision: until then the signal taken
+        # still counts as ready, so a re-signal in between is no return from idle
         (counter,) = conn.execute(
-            "UPDATE fairq_att_domains SET turn_counter = turn_counter + 1 WHERE id = ? "
-            "RETURNING turn_counter",
-            (d.id,),
+            "UPDATE fairq_att_domains SET turn_counter = turn_counter + 1, "
+            "vclock = max(vclock, coalesce(?, vclock)) WHERE id = ? RETURNING turn_counter",
+            (vt if got is not None else None, d.id),
         ).fetchone()
         conn.execute(
-            "UPDATE fairq_att_tenants SET ready = ready - 1, turn = ? "
+            "UPDATE fairq_att_tenants SET ready = ready - 1, turn = ?, vt = vt + ? "
             "WHERE domain_id = ? AND tenant = ?",
-            (counter, d.id, tenant),
+            (counter, charged, d.id, tenant),
         )
-        k = _load_key(t, d, sig[1])
-        if k is None:
-            continue
-        k.pending -= 1
-        plan = _plan(d, k)
-        view = _view(t, d, k)
-        decision = on_signal(view, plan, now)
-        action = decision.action
-        if action == "drop":
-            conn.execute(
-                "UPDATE fairq_att_domains SET discarded = json_set(discarded, '$.' || ?, "
-                "coalesce(json_extract(discarded, '$.' || ?), 0) + 1) WHERE id = ?",
-                (k.state, k.state, d.id),
-            )
-        elif action == "park":
-            k.parked = True
-            _count(t, d, "parked")
-        elif action != "slice":
-            _count(t, d, "blocked" if action == "block" else action)
-            if action == "rate_limited":
-                k.tokens, k.tokens_at = view.tokens, now
-            if action == "empty" and decision.resignal_at is None:
-                _note_backlog(t, d, k, view.waiting_due is not None)
-        if decision.resignal_at is not None:
-            _signal(t, d, k, decision.resignal_at)
-        if action != "slice":
-            k.save(t, d)
-            continue
-        token = secrets.token_hex(12)
-        lease_until = now + d.config.slice_lease
-        conn.execute(
-            "INSERT INTO fairq_att_slices (token, domain_id, key, lease_until) VALUES (?, ?, ?, ?)",
-            (token, d.id, k.key, lease_until),
-        )
-        t.waiting_until(lease_until)
-        k.active += 1
-        k.tokens, k.tokens_at = view.tokens, now
-        if decision.fan_out:
-            _signal(t, d, k, now)
-        k.save(t, d)
-        return Slice(domain, k.key, k.queue, token, plan)
+        if got is not None:
+            return got
     return None
+
+
+def _take_signal(
+    t: Txn, d: DomainRow, k: _Key, tenant: str, vt: float, tenant_estimate: float | None
+) -> tuple[Slice | None, float]:
+    """Decide what the signal of ``k`` just taken does (rule 3): a slice or None, and what
+    it charges ``tenant`` (at virtual time ``vt``; the caller moves the clock)."""
+    conn, now = t.conn, t.now
+    k.pending -= 1
+    plan = _plan(d, k)
+    view = _view(t, d, k)
+    decision = on_signal(view, plan, now)
+    action = decision.action
+    if action == "drop":
+        conn.execute(
+            "UPDATE fairq_att_domains SET discarded = json_set(discarded, '$.' || ?, "
+            "coalesce(json_extract(discarded, '$.' || ?), 0) + 1) WHERE id = ?",
+            (k.state, k.state, d.id),
+        )
+    elif action == "park":
+        k.parked = True
+        _count(t, d, "parked")
+    elif action != "slice":
+        _count(t, d, "blocked" if action == "block" else action)
+        if action == "rate_limited":
+            k.tokens, k.tokens_at = view.tokens, now
+        if action == "empty" and decision.resignal_at is None:
+            _note_backlog(t, d, k, view.waiting_due is not None)
+    if decision.resignal_at is not None:
+        _signal(t, d, k, decision.resignal_at)
+    if action != "slice":
+        k.save(t, d)
+        return None, 0.0
+    domain_estimate = None
+    if tenant_estimate is None:  # a tenant's first slices: what slices here cost
+        (domain_estimate,) = conn.execute(
+            "SELECT estimate FROM fairq_att_domains WHERE id = ?", (d.id,)
+        ).fetchone()
+    _, _, charged = on_take(vt, vt, estimate(tenant_estimate, domain_estimate), plan)
+    token = secrets.token_hex(12)
+    lease_until = now + d.config.slice_lease
+    conn.execute(
+        "INSERT INTO fairq_att_slices (token, domain_id, key, lease_until, tenant, charged, "
+        "taken_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (token, d.id, k.key, lease_until, tenant, charged, now),
+    )
+    t.waiting_until(lease_until)
+    k.active += 1
+    k.tokens, k.tokens_at = view.tokens, now
+    if decision.fan_out:
+        _signal(t, d, k, now)
+    k.save(t, d)
+    return Slice(d.name, k.key, k.queue, token, plan), charged
 
 
 def _live_slice(t: Txn, d: DomainRow, token: str) -> str | None:
@@ -481,57 +557,6 @@ def _move_tenant(t: Txn, d: DomainRow, k: _Key, tenant: str) -> None:
     k.tenant = tenant
 
 
-def stats(t: Txn, domain: str) -> AttentionStats:
-    d = t.domain(domain)
-    sweep_domain(t, d)
-    conn = t.conn
-    row = conn.execute(
-        "SELECT " + ", ".join(ATTENTION_COUNTERS) + ", discarded, clear_sum, clear_count "
-        "FROM fairq_att_domains WHERE id = ?",
-        (d.id,),
-    ).fetchone()
-    pending, keys = conn.execute(
-        "SELECT coalesce(SUM(pending), 0), COUNT(*) FROM fairq_att_keys WHERE domain_id = ?",
-        (d.id,),
-    ).fetchone()
-    (slices,) = conn.execute(
-        "SELECT COUNT(*) FROM fairq_att_slices WHERE domain_id = ?", (d.id,)
-    ).fetchone()
-    counters = dict(zip(ATTENTION_COUNTERS, row[: len(ATTENTION_COUNTERS)], strict=True))
-    discarded, clear_sum, clear_count = row[len(ATTENTION_COUNTERS) :]
-    return AttentionStats(
-        signals_pending=pending,
-        slices=slices,
-        **counters,
-        discarded=orjson.loads(discarded),
-        clear_time_avg=clear_sum / clear_count if clear_count else 0.0,
-        keys=keys,
-        queue=f"attention.{domain}.work",
-    )
-
-
-def key_stats(t: Txn, domain: str, top: int) -> list[KeyStats]:
-    d = t.domain(domain)
-    sweep_domain(t, d)
-    t.flush()
-    rows = t.conn.execute(
-        "SELECT k.key, k.tenant, k.plan, k.state, coalesce(q.visible + q.delayed, 0), "
-        "coalesce(q.in_flight, 0), q.id, k.active, k.pending, k.processed "
-        "FROM fairq_att_keys k LEFT JOIN fairq_queues q ON q.name = k.queue "
-        "WHERE k.domain_id = ? ORDER BY 5 DESC, 6 DESC, k.key LIMIT ?",
-        (d.id, top),
-    ).fetchall()
-    out = []
-    for key, tenant, plan, state, backlog, in_flight, qid, active, pending, processed in rows:
-        oldest = oldest_age(t, qid) if qid is not None and backlog + in_flight else 0.0
-        out.append(
-            KeyStats(
-                key, tenant, plan, state, backlog, in_flight, oldest, active, pending, processed
-            )
-        )
-    return out
-
-
 def reconcile(t: Txn, domain: str) -> int:
     """One query finds the keys to signal: no per-key round trips, however many keys."""
     d = t.domain(domain)
@@ -555,12 +580,13 @@ def reconcile(t: Txn, domain: str) -> int:
         k.save(t, d)
         n += 1
     _count(t, d, "reconciled", n)
+    prune_usage(t, d)
     return n
 
 
-def next_due(t_conn: Any) -> float | None:
-    """The earliest delayed signal or slice lease end of every domain."""
-    a = t_conn.execute("SELECT MIN(due) FROM fairq_att_signals WHERE ready = 0").fetchone()[0]
-    b = t_conn.execute("SELECT MIN(lease_until) FROM fairq_att_slices").fetchone()[0]
-    found = [x for x in (a, b) if x is not None]
-    return min(found) if found else None
+def prune_usage(t: Txn, d: DomainRow) -> None:
+    """Forget the usage buckets that left the window (the last minute)."""
+    t.conn.execute(
+        "DELETE FROM fairq_att_usage WHERE domain_id = ? AND bucket < ?",
+        (d.id, usage_since(t.now)),
+    )

@@ -1,4 +1,4 @@
--- fairq's SQLite schema, version 7. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 8. Every statement is idempotent (IF NOT EXISTS), so
 -- txn.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
@@ -8,6 +8,7 @@
 --   version 5: waiting rooms
 --   version 6: bodies shared by a publish's copies (fairq_bodies, fairq_messages.body_ref)
 --   version 7: counters kept for other engines (fairq_counts: RabbitMQ's ?store=)
+--   version 8: attention in worker time (virtual times, estimates, slice charges, usage)
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -149,6 +150,8 @@ CREATE TABLE IF NOT EXISTS fairq_att_domains (
     config       TEXT NOT NULL,                 -- JSON of AttentionConfig
     created_at   REAL NOT NULL,
     turn_counter INTEGER NOT NULL DEFAULT 0,    -- the last turn handed to a tenant
+    vclock       REAL NOT NULL DEFAULT 0,       -- 8: virtual time last served (SFQ's clock)
+    estimate     REAL,                          -- 8: what a slice costs here; NULL: unknown
     processed    INTEGER NOT NULL DEFAULT 0,
     republished  INTEGER NOT NULL DEFAULT 0,
     blocked      INTEGER NOT NULL DEFAULT 0,
@@ -179,18 +182,18 @@ CREATE TABLE IF NOT EXISTS fairq_att_keys (
     PRIMARY KEY (domain_id, key)
 ) WITHOUT ROWID;
 
--- tenants take turns: the one served least recently (lowest turn) goes next
+-- tenants share the workers (attention_policy's scheduler): the one with a ready signal
+-- and the lowest virtual time goes next; equal virtual times by turn (least recently served)
 CREATE TABLE IF NOT EXISTS fairq_att_tenants (
     domain_id INTEGER NOT NULL,
     tenant    TEXT NOT NULL,
     turn      INTEGER NOT NULL DEFAULT 0,
     ready     INTEGER NOT NULL DEFAULT 0,       -- signals due now
     since     INTEGER NOT NULL DEFAULT 0,       -- signal that made it ready (ties of turn)
+    vt        REAL NOT NULL DEFAULT 0,          -- 8: virtual time (cost used, over weights)
+    estimate  REAL,                             -- 8: what its slice costs; NULL: unknown
     PRIMARY KEY (domain_id, tenant)
 ) WITHOUT ROWID;
-
-CREATE INDEX IF NOT EXISTS fairq_att_ix_turn
-    ON fairq_att_tenants (domain_id, turn, since) WHERE ready > 0;
 
 -- signals: ready ones FIFO per tenant (id order), delayed ones by due time
 CREATE TABLE IF NOT EXISTS fairq_att_signals (
@@ -212,7 +215,10 @@ CREATE TABLE IF NOT EXISTS fairq_att_slices (
     token       TEXT PRIMARY KEY,
     domain_id   INTEGER NOT NULL,
     key         TEXT NOT NULL,
-    lease_until REAL NOT NULL
+    lease_until REAL NOT NULL,
+    tenant      TEXT,                           -- 8: the tenant charged at take
+    charged     REAL NOT NULL DEFAULT 0,        -- 8: its estimated cost, corrected at the end
+    taken_at    REAL                            -- 8: when it was taken (its cost in time)
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS fairq_att_ix_lease ON fairq_att_slices (lease_until);
@@ -291,4 +297,24 @@ CREATE TABLE IF NOT EXISTS fairq_counts (
     name  TEXT NOT NULL,
     value INTEGER NOT NULL,
     PRIMARY KEY (scope, name)
+) WITHOUT ROWID;
+
+-- version 8: attention scheduled in worker time -------------------------------------------
+-- (fairq_att_domains gains vclock and estimate, fairq_att_tenants vt and estimate,
+-- fairq_att_slices tenant, charged and taken_at: txn.ADDED_COLUMNS adds them to older
+-- files before this script runs). Version 4's index by turn gives way to one by virtual time.
+DROP INDEX IF EXISTS fairq_att_ix_turn;
+CREATE INDEX IF NOT EXISTS fairq_att_ix_vt
+    ON fairq_att_tenants (domain_id, vt, turn, since) WHERE ready > 0;
+
+-- each tenant's slices in 5 s buckets, for TenantStats (the last minute); older buckets are
+-- deleted by tenant_stats and the reconciler
+CREATE TABLE IF NOT EXISTS fairq_att_usage (
+    domain_id INTEGER NOT NULL,
+    bucket    INTEGER NOT NULL,                 -- floor(time / 5 s)
+    tenant    TEXT NOT NULL,
+    busy      REAL NOT NULL DEFAULT 0,          -- seconds its slices held a worker
+    slices    INTEGER NOT NULL DEFAULT 0,
+    messages  INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (domain_id, bucket, tenant)
 ) WITHOUT ROWID;

@@ -23,7 +23,7 @@ from ...model.attention import AttentionConfig
 from ...model.queues import QueueConfig
 from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 # the greatest id handed out so far, as far as the file remembers it (see Store)
@@ -49,13 +49,24 @@ def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
 
 # columns added to tables that older files already have (CREATE TABLE IF NOT EXISTS does
 # not touch an existing table): (table, column, declaration), with the version that added it
-ADDED_COLUMNS = [("fairq_messages", "body_ref", "INTEGER")]  # 6: bodies shared by copies
+ADDED_COLUMNS = [
+    ("fairq_messages", "body_ref", "INTEGER"),  # 6: bodies shared by copies
+    ("fairq_att_domains", "vclock", "REAL NOT NULL DEFAULT 0"),  # 8: worker-time scheduler
+    ("fairq_att_domains", "estimate", "REAL"),
+    ("fairq_att_tenants", "vt", "REAL NOT NULL DEFAULT 0"),
+    ("fairq_att_tenants", "estimate", "REAL"),
+    ("fairq_att_slices", "tenant", "TEXT"),
+    ("fairq_att_slices", "charged", "REAL NOT NULL DEFAULT 0"),
+    ("fairq_att_slices", "taken_at", "REAL"),
+]
 
 
 def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """Add ADDED_COLUMNS to the tables of an older file (a table it lacks is created whole
+    by schema.sql): before the script, whose indexes may name the new columns."""
     for table, column, declaration in ADDED_COLUMNS:
         have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-        if column not in have:
+        if have and column not in have:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
 
 
@@ -82,10 +93,10 @@ def apply_schema(conn: sqlite3.Connection) -> None:
             # schema.sql is additive and idempotent: running it upgrades any older file
             script = resources.files(__package__).joinpath("schema.sql").read_text("utf-8")
             script = "\n".join(line.split("--", 1)[0] for line in script.splitlines())
+            _add_missing_columns(conn)
             for statement in script.split(";"):
                 if statement.strip():
                     conn.execute(statement)
-            _add_missing_columns(conn)
             conn.executemany(
                 "INSERT OR IGNORE INTO fairq_meta (key, value) VALUES (?, ?)",
                 [("last_id", 0), ("config_version", 0)],
@@ -152,6 +163,17 @@ class Store:
         self.saved_id: int | None = None  # fairq_meta.last_id as last read or written
         self.due = -math.inf  # earliest avail_at of a waiting row, -inf: unknown
         self.data_version: int | None = None
+        # due times of the delayed attention signals this connection wrote, per domain: its
+        # broker takes those on time, other processes a moment later (attention._take)
+        self.scheduled: dict[str, dict[float, None]] = {}
+
+    def schedule(self, domain: str, due: float, now: float) -> None:
+        """Remember that this connection wrote a delayed signal of ``domain`` due at ``due``."""
+        dues = self.scheduled.setdefault(domain, {})
+        dues[due] = None
+        if len(dues) > 1000:  # forget what came due long ago (insertion order ~ due order)
+            for old in [x for x in dues if x < now - 60.0]:
+                del dues[old]
 
     def forget_queues(self) -> None:
         """Forget the cached queue and topic definitions."""

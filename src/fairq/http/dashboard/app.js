@@ -218,6 +218,7 @@ function attentionView(ov) {
         counter("rate limited", s.rate_limited, "rate_limited"), counter("parked", s.parked, "parked"),
         counter("reconciled", s.reconciled, "reconciled"), counter("discarded", discarded, "discarded"),
         counter("mean clear time", age(s.clear_time_avg), "clear_time")),
+      tenantsTable(d.tenants || []),
       d.keys.length ? h("table", {},
         h("thead", {}, h("tr", {}, ["busiest keys", "tenant", "plan", "state", "backlog", "in flight", "oldest", "slices", "signals", "processed"].map((c) => h("th", {}, c)))),
         h("tbody", {}, d.keys.map((k) => h("tr", { "data-key": k.key },
@@ -226,6 +227,20 @@ function attentionView(ov) {
           h("td", {}, k.backlog), h("td", {}, k.in_flight), h("td", {}, age(k.oldest_age)),
           h("td", {}, k.active), h("td", {}, k.pending), h("td", {}, k.processed))))) : h("p", { class: "note" }, "No keys yet."));
   }));
+}
+
+// tenants over the last minute: the share of the domain's worker time each one used
+function tenantsTable(tenants) {
+  if (!tenants.length) return h("span", {});
+  const pct = (x) => (100 * x).toFixed(1) + " %";
+  return h("table", { "data-table": "tenants" },
+    h("thead", {}, h("tr", {}, ["tenants (last minute)", "worker time", "share", "slices", "messages", "backlog", "keys with backlog", ""].map((c) => h("th", {}, c)))),
+    h("tbody", {}, tenants.map((t) => h("tr", { "data-tenant": t.tenant },
+      h("td", { class: "text" }, t.tenant),
+      h("td", {}, age(t.busy)),
+      h("td", {}, h("span", { class: "share" }, h("span", { class: "share-bar", style: `width:${Math.round(80 * t.share)}px` }), pct(t.share))),
+      h("td", {}, t.slices), h("td", {}, t.messages), h("td", {}, t.backlog), h("td", {}, t.keys),
+      h("td", { class: "text" }, t.at_cap ? h("span", { class: "badge warn", title: "every backlogged key runs max_concurrency slices: the others get what it cannot use" }, "at cap") : "")))));
 }
 
 function roomsView(ov) {
