@@ -1,0 +1,145 @@
+-- fairq on PostgreSQL, migration 7: attention scheduled in worker time (SPEC §5 rule 4,
+-- attention_policy's scheduler: start-time fair queueing over tenants in virtual time).
+-- Per domain a virtual clock and a slice-cost estimate, per tenant its virtual time and
+-- estimate, per running slice the tenant it charged, how much, and when it was taken; the
+-- tenants' usage over the last minute in 5 s buckets. The decisions stay in Python
+-- (attention_policy); the functions below are the scheduler's steps as one statement each.
+
+ALTER TABLE {schema}.att_domains
+    ADD COLUMN vclock   float8 NOT NULL DEFAULT 0,  -- virtual time last served (SFQ's clock)
+    ADD COLUMN estimate float8;                     -- what a slice costs here; NULL: unknown
+ALTER TABLE {schema}.att_tenants
+    ADD COLUMN vt       float8 NOT NULL DEFAULT 0,  -- cost used, over the plans' weights
+    ADD COLUMN estimate float8;                     -- what its slice costs; NULL: unknown
+ALTER TABLE {schema}.att_slices
+    ADD COLUMN tenant   text,                       -- the tenant charged at take
+    ADD COLUMN charged  float8 NOT NULL DEFAULT 0,  -- its estimate, corrected at the end
+    ADD COLUMN taken_at float8;                     -- when it was taken (its cost in time)
+
+-- the next tenant: the smallest (vt, turn) with a ready signal, one probe of this index
+DROP INDEX {schema}.att_tenants_turn;
+CREATE INDEX att_tenants_vt ON {schema}.att_tenants (domain_id, vt, turn, since)
+    WHERE ready > 0;
+
+-- each tenant's ended slices in 5 s buckets (TenantStats over the last minute); buckets
+-- older than the window are deleted by tenant_stats and the reconciler
+CREATE TABLE {schema}.att_usage (
+    domain_id int NOT NULL,
+    bucket    bigint NOT NULL,                      -- floor(time / 5 s)
+    tenant    text NOT NULL,
+    busy      float8 NOT NULL DEFAULT 0,            -- seconds its slices held a worker
+    slices    bigint NOT NULL DEFAULT 0,
+    messages  bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (domain_id, bucket, tenant)
+) WITH (fillfactor = 70);
+
+-- n more ready signals for a tenant (the first of them: signal sig). A tenant that had
+-- none starts at attention_policy.eligible_vt: greatest(its vt, the domain's clock), so
+-- idleness earns no credit; a new tenant starts at the clock.
+CREATE FUNCTION {schema}.att_ready(dom int, ten text, sig bigint, n int) RETURNS void
+LANGUAGE sql AS $$
+    INSERT INTO {schema}.att_tenants AS x (domain_id, tenant, ready, since, vt)
+    VALUES (dom, ten, n, sig, (SELECT d.vclock FROM {schema}.att_domains d WHERE d.id = dom))
+    ON CONFLICT (domain_id, tenant) DO UPDATE SET
+        ready = x.ready + excluded.ready,
+        since = CASE WHEN x.ready = 0 THEN excluded.since ELSE x.since END,
+        vt = CASE WHEN x.ready = 0 THEN greatest(x.vt, excluded.vt) ELSE x.vt END
+$$;
+
+-- the sweep of a take, an end, a stats call (the domain's row is locked by the caller):
+-- delayed signals that came due join their tenants; returns the tokens of slices whose
+-- lease ran out, for the caller to end
+CREATE FUNCTION {schema}.att_sweep(dom int, now float8) RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE r record;
+BEGIN
+    FOR r IN
+        WITH due AS (
+            UPDATE {schema}.att_signals SET ready = true WHERE id IN (
+                SELECT g.id FROM {schema}.att_signals g
+                WHERE g.domain_id = dom AND NOT g.ready AND g.due <= now
+                ORDER BY g.due FOR UPDATE)
+            RETURNING id, tenant)
+        SELECT tenant, min(id) AS first, count(*)::int AS n FROM due GROUP BY tenant
+        ORDER BY min(id)
+    LOOP
+        PERFORM {schema}.att_ready(dom, r.tenant, r.first, r.n);
+    END LOOP;
+    RETURN QUERY SELECT l.token FROM {schema}.att_slices l
+        WHERE l.domain_id = dom AND l.lease_until <= now ORDER BY l.lease_until;
+END $$;
+
+-- the scheduler's choice (attention_policy.order), for a take holding the domain's row:
+-- the tenant with a ready signal and the smallest (vt, turn, since) — an index probe,
+-- however many tenants and keys — and its oldest ready signal, which is deleted. Returns
+-- no row when no signal is ready. The tenant's ready count is left as it is until
+-- att_served (the signal still counts until the take has decided, so a re-signal of the
+-- same key in between is no return from idle).
+CREATE FUNCTION {schema}.att_pick(dom int)
+RETURNS TABLE (tenant text, vt float8, estimate float8, clock float8, domain_estimate float8,
+               signal bigint, key text)
+LANGUAGE plpgsql AS $$
+DECLARE t record; s record;
+BEGIN
+    LOOP
+        SELECT x.tenant, x.vt, x.estimate INTO t FROM {schema}.att_tenants x
+        WHERE x.domain_id = dom AND x.ready > 0 ORDER BY x.vt, x.turn, x.since LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        DELETE FROM {schema}.att_signals g WHERE g.id = (
+            SELECT h.id FROM {schema}.att_signals h
+            WHERE h.domain_id = dom AND h.tenant = t.tenant AND h.ready ORDER BY h.id LIMIT 1)
+        RETURNING g.id, g.key INTO s;
+        IF FOUND THEN
+            RETURN QUERY SELECT t.tenant, t.vt, t.estimate, d.vclock, d.estimate, s.id, s.key
+                FROM {schema}.att_domains d WHERE d.id = dom;
+            RETURN;
+        END IF;
+        -- a count out of step (a ready count with no ready signal): mend it, look again
+        UPDATE {schema}.att_tenants x SET ready = 0
+        WHERE x.domain_id = dom AND x.tenant = t.tenant;
+    END LOOP;
+END $$;
+
+-- a take decided what the signal att_pick gave does: the tenant gets the domain's next
+-- turn (equal virtual times go round robin) and, for a slice, is charged `charged` and the
+-- clock moves to `clock` (attention_policy.on_take); NULL clock: no slice, no charge
+CREATE FUNCTION {schema}.att_served(dom int, ten text, clock float8, charged float8)
+RETURNS void LANGUAGE sql AS $$
+    WITH d AS (
+        UPDATE {schema}.att_domains SET turn_counter = turn_counter + 1,
+            vclock = coalesce(clock, vclock)
+        WHERE id = dom RETURNING turn_counter)
+    UPDATE {schema}.att_tenants x SET ready = greatest(x.ready - 1, 0), turn = d.turn_counter,
+        vt = x.vt + charged
+    FROM d WHERE x.domain_id = dom AND x.tenant = ten
+$$;
+
+-- a slice ended (the domain's row locked by the caller): its real cost replaces what was
+-- charged at take (vt moves by `delta`, attention_policy.on_end), the estimates become
+-- next_estimate's (computed by the caller from what att_pick and the slice row said), and
+-- the usage history counts the slice in bucket `bucket`
+CREATE FUNCTION {schema}.att_charge(
+    dom int, ten text, delta float8, tenant_estimate float8, domain_estimate float8,
+    bucket bigint, busy float8, handled bigint
+) RETURNS void LANGUAGE sql AS $$
+    UPDATE {schema}.att_tenants SET vt = vt + delta, estimate = tenant_estimate
+    WHERE domain_id = dom AND tenant = ten;
+    UPDATE {schema}.att_domains SET estimate = domain_estimate WHERE id = dom;
+    INSERT INTO {schema}.att_usage AS u (domain_id, bucket, tenant, busy, slices, messages)
+    VALUES (dom, bucket, ten, busy, 1, handled)
+    ON CONFLICT (domain_id, bucket, tenant) DO UPDATE SET busy = u.busy + excluded.busy,
+        slices = u.slices + 1, messages = u.messages + excluded.messages
+$$;
+
+-- a work queue's visible messages (the backlog of TenantStats): its depth less what is
+-- delayed or leased (FIFO followers count, as in stats())
+CREATE FUNCTION {schema}.att_visible(qid int, max_priority int, now float8) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT (SELECT coalesce(sum(c.depth), 0) FROM {schema}.counts c WHERE c.queue_id = qid)
+         - (SELECT count(*) FROM generate_series(0, max_priority) AS p(prio)
+            CROSS JOIN LATERAL (SELECT 1 FROM {schema}.messages m
+                WHERE m.queue_id = qid AND NOT m.blocked AND m.priority = p.prio
+                  AND m.avail_at > now) w)
+$$;
