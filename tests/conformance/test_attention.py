@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
+from typing import Any
 
 import pytest
 
@@ -438,6 +439,28 @@ async def test_key_stats_and_clear_time(broker: fairq.Broker, clock: fairq.Manua
         await a.key_stats(top=0)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [{"charge": "messages"}, {"plans": {"w": Plan(weight=3.0)}, "default_plan": "w"}],
+)
+async def test_weights_and_charges_need_the_worker_time_scheduler(
+    broker: fairq.Broker, options: dict[str, object]
+) -> None:
+    """An engine without the scheduler (its capability table lists
+    ``worker_time_fairness``) refuses what it would not honour, rather than differ."""
+    if "worker_time_fairness" in broker.backend.missing:
+        with pytest.raises(fairq.Unsupported, match="worker-time scheduler"):
+            await broker.declare_attention("opts", **options)  # type: ignore[arg-type]
+        a = await broker.declare_attention("opts")  # the defaults are every engine's
+        with pytest.raises(fairq.Unsupported):
+            await a.tenant_stats()
+        return
+    a = await broker.declare_attention("opts", **options)  # type: ignore[arg-type]
+    assert (await a.config()).uses_worker_time_fairness()
+    with pytest.raises(fairq.InvalidOption, match="charge"):
+        await broker.declare_attention("opts", charge="bytes")  # type: ignore[arg-type]
+
+
 async def test_set_resource_checks_its_input(broker: fairq.Broker) -> None:
     a = await domain(broker)
     with pytest.raises(fairq.InvalidOption):
@@ -544,3 +567,131 @@ async def test_worker_serves_every_key(live_broker: fairq.Broker) -> None:
         worker.stop()
         await asyncio.wait_for(task, 10)
     assert done == {f"s{i}": i % 7 + 1 for i in range(30)}
+
+
+async def test_a_slice_acks_each_message_as_it_finishes(live_broker: fairq.Broker) -> None:
+    """Not at the end of the slice: a worker killed mid-slice leaves few handled messages
+    unacked (they would be delivered again)."""
+    a = await live_broker.declare_attention("asyougo", plans={"basic": Plan(1, 10, 60.0)})
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(10)])
+    q = await a.queue("k")
+    acked_before: list[int] = []
+    worker = fairq.Worker(live_broker, concurrency=1, handle_signals=False, poll_wait=0.1)
+
+    @worker.attention("asyougo")
+    async def handle(msg: fairq.Received) -> None:
+        await asyncio.sleep(0.02)  # time for the acks of the messages before this one
+        acked_before.append((await q.stats()).acked)
+
+    task = asyncio.create_task(worker.run())
+    try:
+        for _ in range(300):
+            if (await q.stats()).acked == 10:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    assert len(acked_before) == 10 and (await a.stats()).slices == 0
+    assert acked_before[5] >= 4, f"messages are acked while the slice runs: {acked_before}"
+    assert (await a.stats()).processed == 10
+
+
+async def test_an_ack_racing_a_lease_extension_is_no_lost_lease(
+    live_broker: fairq.Broker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The lease keeper extends a message whose handler runs long; its ack lands while the
+    extension is on its way (the extension answers "not current"): no warning, no count."""
+    a = await live_broker.declare_attention(
+        "race", plans={"basic": Plan(1, 3, 60.0)}, queue_options={"visibility_timeout": 0.4}
+    )
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(3)])
+    backend = live_broker.backend
+    acked = asyncio.Event()
+    raced: list[str] = []
+    ack, extend = backend.ack, backend.extend
+
+    async def ack_then_tell(queue: str, receipts: list[str]) -> list[str]:
+        lost = await ack(queue, receipts)
+        acked.set()
+        return lost
+
+    async def extend_after_the_ack(queue: str, receipts: list[str], seconds: float) -> list[str]:
+        acked.clear()
+        await asyncio.wait_for(acked.wait(), 2.0)
+        lost = await extend(queue, receipts, seconds)
+        raced.extend(lost)
+        return lost
+
+    backend.ack, backend.extend = ack_then_tell, extend_after_the_ack  # type: ignore[method-assign]
+    worker = fairq.Worker(live_broker, concurrency=1, handle_signals=False, poll_wait=0.1)
+
+    @worker.attention("race")
+    async def handle(msg: fairq.Received) -> None:
+        await asyncio.sleep(0.3)  # past half the lease: the keeper extends it
+
+    caplog.set_level("WARNING", logger="fairq")
+    task = asyncio.create_task(worker.run())
+    try:
+        for _ in range(300):
+            if (await a.stats()).processed == 3:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+        backend.ack, backend.extend = ack, extend  # type: ignore[method-assign]
+    assert raced, "the race happened: an extension answered after the ack"
+    assert worker.stats.lease_lost == 0
+    assert "lost" not in caplog.text, caplog.text
+
+
+@pytest.mark.requires("attention.one_take_per_due")
+async def test_a_due_signal_costs_one_take_however_many_takers(
+    live_broker: fairq.Broker, url: str, backend_name: str
+) -> None:
+    """A rate-limited key comes due again and again; two takers wait for it — two Workers
+    in one process (memory), two brokers (as two processes would have) elsewhere. Each
+    due signal is taken by one of them: at most 1.5 take attempts per handled message."""
+    plans = {"basic": Plan(1, 10, 60.0, rate=40.0, burst=1.0)}
+    a = await live_broker.declare_attention("due", plans=plans)
+    other = live_broker if backend_name == "memory" else await fairq.connect(url)
+    brokers = [live_broker, other]
+    takes: Counter[int] = Counter()
+    originals = []
+    for i, b in enumerate(dict.fromkeys(brokers)):
+        take = b.backend.attention_take
+        originals.append((b.backend, take))
+
+        async def counted(domain: str, _take: Any = take, _i: int = i) -> Slice | None:
+            takes[_i] += 1
+            return await _take(domain)  # type: ignore[no-any-return]
+
+        b.backend.attention_take = counted  # type: ignore[method-assign]
+    handled = 0
+    workers = [fairq.Worker(b, concurrency=2, handle_signals=False, poll_wait=1.0) for b in brokers]
+    for w in workers:
+
+        @w.attention("due")
+        async def handle(msg: fairq.Received) -> None:
+            nonlocal handled
+            handled += 1
+
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    await asyncio.sleep(0.3)  # both wait on the empty domain
+    await a.publish_batch("api", [fairq.Outgoing(str(i)) for i in range(30)])
+    try:
+        for _ in range(400):
+            if handled >= 30:
+                break
+            await asyncio.sleep(0.02)
+    finally:
+        for w in workers:
+            w.stop()
+        await asyncio.gather(*tasks)
+        for backend, take in originals:
+            backend.attention_take = take  # type: ignore[method-assign]
+        if other is not live_broker:
+            await other.close()
+    assert handled == 30
+    assert sum(takes.values()) <= 1.5 * handled, f"take attempts {dict(takes)} for {handled}"

@@ -138,3 +138,32 @@ async def test_attention_errors(api: httpx.AsyncClient) -> None:
     assert r.status_code == 422 and r.json()["error"] == "invalid_option"
     r = await api.put("/v1/attention/other", json={"plans": {"basic": {"max_concurrency": 0}}})
     assert r.status_code == 422 and r.json()["error"] == "validation_error"
+
+
+async def test_attention_weights_charge_and_tenants(api: httpx.AsyncClient) -> None:
+    r = await api.put(
+        "/v1/attention/shared",
+        json={
+            "plans": {"basic": {"max_messages": 5}, "gold": {"max_messages": 5, "weight": 2}},
+            "charge": "messages",
+        },
+    )
+    assert r.status_code == 200, r.text
+    config = r.json()["config"]
+    assert config["charge"] == "messages" and config["plans"]["gold"]["weight"] == 2
+    assert config["plans"]["basic"]["weight"] == 1
+    for key, tenant in (("k1", "acme"), ("k2", "acme"), ("k3", "zeta")):
+        await api.patch(f"/v1/attention/shared/keys/{key}", json={"tenant": tenant})
+        await api.post(
+            f"/v1/attention/shared/keys/{key}/messages", json={"messages": [{"body": 1}]}
+        )
+    r = await api.get("/v1/attention/shared/tenants", params={"top": 5})
+    assert r.status_code == 200, r.text
+    rows = {t["tenant"]: t for t in r.json()["tenants"]}
+    assert (rows["acme"]["backlog"], rows["acme"]["keys"], rows["zeta"]["backlog"]) == (2, 2, 1)
+    assert rows["acme"]["share"] == 0 and rows["acme"]["at_cap"] is False
+    assert (await api.get("/v1/attention/shared/tenants", params={"top": 0})).status_code == 422
+    assert (await api.get("/v1/attention/none/tenants")).status_code == 404
+    for bad in ({"charge": "bytes"}, {"plans": {"basic": {"weight": 0}}}):
+        r = await api.put("/v1/attention/other", json=bad)
+        assert r.status_code == 422, r.text

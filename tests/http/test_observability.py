@@ -211,3 +211,34 @@ async def test_waiting_rooms_in_the_overview_the_metrics_and_their_pages() -> No
         page = await s.http.get("/rooms/ev-88")
         assert page.status_code == 200 and "text/html" in page.headers["content-type"]
     await broker.close()
+
+
+async def test_metrics_of_tenants_keep_to_the_top_ten() -> None:
+    clock = fairq.ManualClock()
+    broker = await fairq.connect("memory://", clock=clock)
+    a = await broker.declare_attention("market", plans={"basic": fairq.Plan(1, 5, 20.0)})
+    for i in range(15):  # tenant t00 is served most, t14 least
+        await a.set_resource(f"k{i}", tenant=f"t{i:02}")
+        await a.publish_batch(f"k{i}", [fairq.Outgoing(b"x") for _ in range(20 - i)])
+    for _ in range(15):
+        s = await a._take(0)
+        assert s is not None
+        msgs, _ = await a._receive(s, 5, None)
+        clock.advance(0.1 * (20 - int(s.key[1:])))
+        for m in msgs:
+            await m.ack()
+        await a._end(s, len(msgs), None)
+    await a.publish_batch("capped", [fairq.Outgoing(b"x") for _ in range(30)])
+    await a.set_resource("capped", tenant="busy")
+    held = await a._take(0)  # its one slice runs: the tenant is at its cap
+    assert held is not None and held.key == "capped"
+    async with serving(broker) as s:
+        m = samples((await s.http.get("/metrics")).text)
+    shares = {
+        dict(k[1])["tenant"]: v for k, v in m.items() if k[0] == "fairq_attention_tenant_share"
+    }
+    assert len(shares) == 10, "label values: the top ten tenants of the domain"
+    assert "t00" in shares and "t14" not in shares
+    assert sum(shares.values()) <= 1.0
+    assert m[("fairq_attention_tenants_at_cap", (("domain", "market"),))] == 1
+    await broker.close()

@@ -86,3 +86,54 @@ async def test_a_version_1_file_is_upgraded(tmp_path: Path) -> None:
         SCHEMA_VERSION,
     )
     conn.close()
+
+
+async def test_a_version_7_file_is_upgraded_with_its_attention_domains(tmp_path: Path) -> None:
+    """Version 8 schedules attention in worker time: older files gain the virtual times,
+    estimates and slice charges (columns) and the usage history (a table), and keep their
+    keys and signals."""
+    db = tmp_path / "old.db"
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        a = await broker.declare_attention("market", plans={"basic": fairq.Plan(1, 5, 20.0)})
+        await a.set_resource("k1", tenant="t1")
+        await a.publish_batch("k1", [fairq.Outgoing(b"x") for _ in range(3)])
+        await a.publish("k2", b"y")
+    conn = sqlite3.connect(db)  # make it what fairq wrote at schema 7
+    conn.execute("DROP INDEX fairq_att_ix_vt")
+    conn.execute("DROP TABLE fairq_att_usage")
+    for table, column in (
+        ("fairq_att_domains", "vclock"),
+        ("fairq_att_domains", "estimate"),
+        ("fairq_att_tenants", "vt"),
+        ("fairq_att_tenants", "estimate"),
+        ("fairq_att_slices", "tenant"),
+        ("fairq_att_slices", "charged"),
+        ("fairq_att_slices", "taken_at"),
+    ):
+        conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    conn.execute(
+        "CREATE INDEX fairq_att_ix_turn ON fairq_att_tenants (domain_id, turn, since) "
+        "WHERE ready > 0"
+    )
+    conn.execute("UPDATE fairq_meta SET value = 7 WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        a = broker.attention("market")
+        assert (await a.stats()).signals_pending == 2
+        served = []
+        while (s := await a._take(0)) is not None:
+            msgs, _ = await a._receive(s, 5, None)
+            for m in msgs:
+                await m.ack()
+            await a._end(s, len(msgs), None)
+            served.append((s.key, len(msgs)))
+        assert sorted(served) == [("k1", 3), ("k2", 1)]
+        assert {t.tenant: t.messages for t in await a.tenant_stats()} == {"t1": 3, "k2": 1}
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone() == (
+        SCHEMA_VERSION,
+    )
+    indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
+    assert "fairq_att_ix_vt" in indexes and "fairq_att_ix_turn" not in indexes
+    conn.close()

@@ -176,6 +176,7 @@ class SliceRuntime(Runtime):
         """One of ``c.concurrency`` runners: run the slices the dispatcher hands over."""
         me = asyncio.current_task()
         assert me is not None
+        assert self._stopping is not None
         while True:
             s = await handoff.get()
             self._busy_runners.add(me)
@@ -184,6 +185,8 @@ class SliceRuntime(Runtime):
             finally:
                 self._busy_runners.discard(me)
                 await self._give_slots(c, 1)
+            if self._stopping.is_set():  # the shutdown waits for this task to return
+                return
 
     async def _run_slice(self, c: _Consumer, s: Slice) -> None:
         """Handle up to the plan's ``max_messages`` messages of the key within ``max_time``,

@@ -75,6 +75,7 @@ class AmqpBackend(AmqpTopics):
         "attention": "attention domains raise Unsupported (not built on RabbitMQ yet)",
         "worker_time_fairness": "no attention domains on RabbitMQ yet",
         "attention.tenant_stats": "no attention domains on RabbitMQ yet",
+        "attention.one_take_per_due": "no attention domains on RabbitMQ yet",
         "listen.processes": "Topic.listen hears the publishes of this process only",
         "store.counts": "RabbitMQ keeps no named counters for another engine: it cannot be "
         "another amqp:// URL's ?store=",

@@ -28,6 +28,8 @@ class RedisBackend(RedisAttention):
         "and charge='messages' raise Unsupported",
         "attention.tenant_stats": "Attention.tenant_stats raises Unsupported (no per-tenant "
         "usage is kept yet)",
+        "attention.one_take_per_due": "a delayed signal coming due wakes a taker in every "
+        "process, and each tries a take (one of them gets it)",
     }
 
 
