@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import orjson
 
-from ...errors import InvalidOption, LeaseLost
+from ...errors import AttentionNotFound, InvalidOption, LeaseLost
 from ...message import Received
 from ...model.attention import AttentionConfig, Plan, Slice
 from ...model.queues import Envelope, queue_config_from_options
@@ -39,6 +39,7 @@ from ..attention_policy import (
 )
 from . import queues
 from .attention_rows import (
+    KEY_COLS,
     Domain,
     Key,
     Txn,
@@ -59,12 +60,17 @@ if TYPE_CHECKING:
 _MAX_SIGNALS_PER_TAKE = 256
 
 
-async def sweep(t: Txn, d: Domain) -> None:
-    """Delayed signals that came due join their tenant; expired slices free their token
-    (the caller holds the domain's row)."""
-    await t.cur.execute(f"SELECT * FROM {t.s}.att_sweep(%s, %s)", (d.id, t.now))
-    for (token,) in await t.cur.fetchall():
+async def begin(t: Txn, name: str) -> Domain:
+    """The domain's row, locked, and swept (``att_begin``): delayed signals that came due
+    join their tenant, expired slices free their token."""
+    await t.cur.execute(f"SELECT * FROM {t.s}.att_begin(%s, %s)", (name, t.now))
+    row = await t.cur.fetchone()
+    if row is None:
+        raise AttentionNotFound(name)
+    d = Domain(row[0], name, AttentionConfig.from_dict(row[1]))
+    for token in row[2]:
         await end_slice(t, d, token, 0, None, expired=True)
+    return d
 
 
 async def end_slice(
@@ -241,8 +247,7 @@ async def _pull_forward(t: Txn, d: Domain, k: Key) -> None:
 
 async def take(b: PostgresBackend, domain: str) -> Slice | None:
     async def go(t: Txn) -> Slice | None:
-        d = await domain_row(t, domain, lock=True)
-        await sweep(t, d)
+        d = await begin(t, domain)
         for _ in range(_MAX_SIGNALS_PER_TAKE):
             await t.cur.execute(f"SELECT * FROM {t.s}.att_pick(%s)", (d.id,))
             row = await t.cur.fetchone()
@@ -265,7 +270,7 @@ async def take(b: PostgresBackend, domain: str) -> Slice | None:
                 return got
         return None
 
-    result: Slice | None = await run(b, go)
+    result: Slice | None = await run(b, go, flush=False)
     return result
 
 
@@ -319,18 +324,24 @@ async def _take_signal(
 async def receive(
     b: PostgresBackend, domain: str, token: str, n: int, visibility_timeout: float | None
 ) -> tuple[list[Received], float | None]:
+    key_cols = ", ".join("k." + c.strip() for c in KEY_COLS.split(","))
+
     async def go(t: Txn) -> tuple[list[Received], float | None]:
-        d = await domain_row(t, domain)
+        # the slice, its domain and its key (locked: the token bucket) in one statement
         await t.cur.execute(
-            f"SELECT key FROM {t.s}.att_slices WHERE token = %s AND domain_id = %s "
-            "AND lease_until > %s",
-            (token, d.id, t.now),
+            f"SELECT d.id, d.config, q.id IS NOT NULL, {key_cols} FROM {t.s}.att_slices s "
+            f"JOIN {t.s}.att_domains d ON d.id = s.domain_id "
+            f"JOIN {t.s}.att_keys k ON k.domain_id = s.domain_id AND k.key = s.key "
+            f"LEFT JOIN {t.s}.queues q ON q.name = k.queue "
+            "WHERE s.token = %s AND d.name = %s AND s.lease_until > %s FOR UPDATE OF k",
+            (token, domain, t.now),
         )
         row = await t.cur.fetchone()
         if row is None:
+            await domain_row(t, domain)  # AttentionNotFound if that is why
             raise LeaseLost([token], "the slice's concurrency token expired")
-        k = await load_key(t, d, row[0])
-        assert k is not None
+        d = Domain(row[0], domain, AttentionConfig.from_dict(row[1]))
+        k = Key(row[3:])
         plan: Plan = plan_of(d, k)
         tokens = refill(k.tokens, k.tokens_at, t.now, plan)
         allowed = n if tokens == math.inf else min(n, int(tokens))
@@ -338,9 +349,9 @@ async def receive(
             k.tokens, k.tokens_at = tokens, t.now
             await k.save(t, d)
             return [], next_permit(tokens, t.now, plan)
-        await t.cur.execute(f"SELECT 1 FROM {t.s}.queues WHERE name = %s", (k.queue,))
-        if await t.cur.fetchone() is None:
+        if not row[2]:  # no work queue (deleted)
             return [], None
+        # receive() commits without the WAL flush (a lease), unless ?durable_leases=on
         await t.cur.execute(b.q.receive, (k.queue, t.now, allowed, visibility_timeout))
         rows = sorted(await t.cur.fetchall(), key=lambda r: r[7])
         got = [queues.received(r, k.queue) for r in rows]
@@ -363,15 +374,14 @@ async def extend(b: PostgresBackend, domain: str, token: str) -> bool:
         )
         return t.cur.rowcount == 1
 
-    return bool(await run(b, go))
+    return bool(await run(b, go, flush=False))
 
 
 async def end(
     b: PostgresBackend, domain: str, token: str, processed: int, retry_at: float | None
 ) -> None:
     async def go(t: Txn) -> None:
-        d = await domain_row(t, domain, lock=True)
-        await sweep(t, d)
+        d = await begin(t, domain)
         await end_slice(t, d, token, processed, retry_at)
 
-    await run(b, go)
+    await run(b, go, flush=False)

@@ -20,13 +20,12 @@ from ...model.attention import (
     TenantStats,
 )
 from ..attention_policy import resignal_allowed, tenant_at_cap, usage_since
-from .attention import sweep
+from .attention import begin
 from .attention_rows import (
     Domain,
     Key,
     Txn,
     count,
-    domain_row,
     key_row,
     load_key,
     plan_of,
@@ -50,8 +49,7 @@ async def set_resource(
     tenant: str | None,
 ) -> None:
     async def go(t: Txn) -> None:
-        d = await domain_row(t, domain, lock=True)
-        await sweep(t, d)
+        d = await begin(t, domain)
         if plan is not None and plan not in d.config.plans:
             raise InvalidOption(
                 f"no plan {plan!r} in {domain!r} (plans: {', '.join(d.config.plans)})"
@@ -94,8 +92,7 @@ async def _move_tenant(t: Txn, d: Domain, k: Key, tenant: str) -> None:
 
 async def stats(b: PostgresBackend, domain: str) -> AttentionStats:
     async def go(t: Txn) -> AttentionStats:
-        d = await domain_row(t, domain, lock=True)
-        await sweep(t, d)
+        d = await begin(t, domain)
         await t.cur.execute(
             "SELECT " + ", ".join(ATTENTION_COUNTERS) + ", discarded, clear_sum, clear_count "
             f"FROM {t.s}.att_domains WHERE id = %s",
@@ -133,8 +130,7 @@ async def stats(b: PostgresBackend, domain: str) -> AttentionStats:
 
 async def key_stats(b: PostgresBackend, domain: str, top: int) -> list[KeyStats]:
     async def go(t: Txn) -> list[KeyStats]:
-        d = await domain_row(t, domain, lock=True)
-        await sweep(t, d)
+        d = await begin(t, domain)
         await t.cur.execute(
             "SELECT k.key, k.tenant, k.plan, k.state, k.queue, k.active, k.pending, k.processed, "
             f"coalesce((SELECT sum(c.depth) FROM {t.s}.counts c JOIN {t.s}.queues q "
@@ -182,8 +178,7 @@ async def tenant_stats(b: PostgresBackend, domain: str, top: int) -> list[Tenant
     skips the idle keys of a domain of a million."""
 
     async def go(t: Txn) -> list[TenantStats]:
-        d = await domain_row(t, domain, lock=True)
-        await sweep(t, d)
+        d = await begin(t, domain)
         await _prune_usage(t, d)
         await t.cur.execute(
             f"SELECT tenant, sum(busy), sum(slices), sum(messages) FROM {t.s}.att_usage "
@@ -239,8 +234,7 @@ async def reconcile(b: PostgresBackend, domain: str) -> int:
     """One query finds the keys to signal: no per-key round trips to find them."""
 
     async def go(t: Txn) -> int:
-        d = await domain_row(t, domain, lock=True)
-        await sweep(t, d)
+        d = await begin(t, domain)
         await t.cur.execute(
             f"SELECT k.key FROM {t.s}.att_keys k JOIN {t.s}.queues q ON q.name = k.queue "
             "WHERE k.domain_id = %s AND k.state = 'active' AND k.pending = 0 AND k.active = 0 "

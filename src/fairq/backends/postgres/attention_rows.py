@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from . import PostgresBackend
 
 __all__ = [
+    "KEY_COLS",
     "Domain",
     "Key",
     "Scheduled",
@@ -146,13 +147,27 @@ class Key:
         )
 
 
-async def run(b: PostgresBackend, fn: Any, connection: object | None = None) -> Any:
-    """``fn(txn)`` in one transaction (retried whole on a deadlock); then the wake-ups."""
+async def run(
+    b: PostgresBackend, fn: Any, connection: object | None = None, flush: bool = True
+) -> Any:
+    """``fn(txn)`` in one transaction (retried whole on a deadlock); then the wake-ups.
+
+    ``flush=False`` (takes, extends and ends of slices: their concurrency tokens are
+    leases, like a receive's, see ``receive()`` in 0001_queues.sql) commits without waiting
+    for the WAL flush (``synchronous_commit = off`` for this transaction only, unless
+    ``?durable_leases=on``): those steps hold a worker while they commit. A crash of the
+    server can undo only such a step with no synchronous commit after it (a later one
+    flushes the WAL before it), and undoing one loses nothing: an undone take leaves its
+    signal where it was (the worker's next receive finds its slice gone), an undone end
+    leaves the slice to expire and be re-signalled. Publishes, acks and resource changes
+    keep the full flush."""
     now = b.now()
     notify: set[str] = set()
     scheduled: dict[str, list[float]] = {}
 
     async def go(cur: Cursor) -> Any:
+        if not flush and connection is None and not b.options.durable_leases:
+            await cur.execute("SET LOCAL synchronous_commit = off")
         t = Txn(cur, b, now)
         result = await fn(t)
         for domain in t.notify:
@@ -171,12 +186,9 @@ async def run(b: PostgresBackend, fn: Any, connection: object | None = None) -> 
     return result
 
 
-async def domain_row(t: Txn, name: str, lock: bool = False) -> Domain:
-    await t.cur.execute(
-        f"SELECT id, config FROM {t.s}.att_domains WHERE name = %s"
-        + (" FOR UPDATE" if lock else ""),
-        (name,),
-    )
+async def domain_row(t: Txn, name: str) -> Domain:
+    """The domain's row, not locked (the steps that decide lock it: ``attention.begin``)."""
+    await t.cur.execute(f"SELECT id, config FROM {t.s}.att_domains WHERE name = %s", (name,))
     row = await t.cur.fetchone()
     if row is None:
         raise AttentionNotFound(name)

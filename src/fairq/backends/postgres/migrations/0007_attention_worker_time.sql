@@ -143,3 +143,17 @@ LANGUAGE sql STABLE AS $$
                 WHERE m.queue_id = qid AND NOT m.blocked AND m.priority = p.prio
                   AND m.avail_at > now) w)
 $$;
+
+-- the start of a take, an end, a stats call: the domain's row locked (one scheduler
+-- decision at a time per domain) and swept (att_sweep), in one round trip; no row if
+-- there is no such domain
+CREATE FUNCTION {schema}.att_begin(dname text, now float8)
+RETURNS TABLE (id int, config jsonb, expired text[]) LANGUAGE plpgsql AS $$
+DECLARE d record;
+BEGIN
+    SELECT x.id, x.config INTO d FROM {schema}.att_domains x WHERE x.name = dname FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT d.id, d.config, ARRAY(SELECT {schema}.att_sweep(d.id, now));
+END $$;
