@@ -104,13 +104,14 @@ async def test_a_version_6_schema_is_upgraded_with_its_attention_domains(url: st
         await a.publish("k2", b"y")
     s = _schema(url)
     async with await _raw(url) as c:  # make it what migration 6 left
-        for fn in ("att_begin(text, float8)", "att_sweep(int, float8)", "att_pick(int)"):
+        for fn in ("att_begin(text, float8, bool)", "att_sweep(int, float8)", "att_pick(int)"):
             await c.execute(f"DROP FUNCTION {s}.{fn}")
         for fn in (
             "att_ready(int, text, bigint, int)",
             "att_served(int, text, float8, float8)",
             "att_charge(int, text, float8, float8, float8, bigint, float8, bigint)",
             "att_visible(int, int, float8)",
+            "att_receive(text, text, float8, int, float8)",
         ):
             await c.execute(f"DROP FUNCTION {s}.{fn}")
         await c.execute(f"DROP TABLE {s}.att_usage")

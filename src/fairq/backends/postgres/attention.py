@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ...errors import AttentionNotFound, InvalidOption, LeaseLost
 from ...message import Received
-from ...model.attention import AttentionConfig, Plan, Slice
+from ...model.attention import AttentionConfig, Slice
 from ...model.queues import Envelope, queue_config_from_options
 from ..attention_policy import (
     check_change,
@@ -39,7 +39,6 @@ from ..attention_policy import (
 )
 from . import queues
 from .attention_rows import (
-    KEY_COLS,
     Domain,
     Key,
     Txn,
@@ -53,6 +52,7 @@ from .attention_rows import (
     signal,
     view,
 )
+from .connection import Cursor
 
 if TYPE_CHECKING:
     from . import PostgresBackend
@@ -63,7 +63,7 @@ _MAX_SIGNALS_PER_TAKE = 256
 async def begin(t: Txn, name: str) -> Domain:
     """The domain's row, locked, and swept (``att_begin``): delayed signals that came due
     join their tenant, expired slices free their token."""
-    await t.cur.execute(f"SELECT * FROM {t.s}.att_begin(%s, %s)", (name, t.now))
+    await t.cur.execute(f"SELECT * FROM {t.s}.att_begin(%s, %s, %s)", (name, t.now, t.flush))
     row = await t.cur.fetchone()
     if row is None:
         raise AttentionNotFound(name)
@@ -324,32 +324,56 @@ async def _take_signal(
 async def receive(
     b: PostgresBackend, domain: str, token: str, n: int, visibility_timeout: float | None
 ) -> tuple[list[Received], float | None]:
-    key_cols = ", ".join("k." + c.strip() for c in KEY_COLS.split(","))
+    """One statement (``att_receive``) for a plan without a rate; a key with a token bucket
+    takes :func:`_receive_limited`, one transaction that keeps the bucket."""
+
+    async def go(cur: Cursor) -> list[tuple[Any, ...]]:
+        await cur.execute(
+            f"SELECT * FROM {b.s}.att_receive(%s, %s, %s, %s, %s)",
+            (token, domain, b.now(), n, visibility_timeout),
+        )
+        return await cur.fetchall()
+
+    rows = await b.pool.run(go, wakes=False)
+    status = rows[0][0]
+    if status == "ok":
+        queue = rows[0][9]
+        got = sorted(rows[1:], key=lambda r: r[8])
+        return [queues.received(r[1:], queue) for r in got], None
+    if status == "lost":
+        raise LeaseLost([token], "the slice's concurrency token expired")
+    if status == "gone":
+        raise AttentionNotFound(domain)
+    if status == "noqueue":
+        return [], None
+    return await _receive_limited(b, domain, token, n, visibility_timeout)
+
+
+async def _receive_limited(
+    b: PostgresBackend, domain: str, token: str, n: int, visibility_timeout: float | None
+) -> tuple[list[Received], float | None]:
+    """The receive of a slice whose key has a rate: as many as its bucket allows."""
 
     async def go(t: Txn) -> tuple[list[Received], float | None]:
-        # the slice, its domain and its key (locked: the token bucket) in one statement
         await t.cur.execute(
-            f"SELECT d.id, d.config, q.id IS NOT NULL, {key_cols} FROM {t.s}.att_slices s "
-            f"JOIN {t.s}.att_domains d ON d.id = s.domain_id "
-            f"JOIN {t.s}.att_keys k ON k.domain_id = s.domain_id AND k.key = s.key "
-            f"LEFT JOIN {t.s}.queues q ON q.name = k.queue "
-            "WHERE s.token = %s AND d.name = %s AND s.lease_until > %s FOR UPDATE OF k",
-            (token, domain, t.now),
+            f"SELECT key FROM {t.s}.att_slices WHERE token = %s AND lease_until > %s",
+            (token, t.now),
         )
         row = await t.cur.fetchone()
+        d = await domain_row(t, domain)  # AttentionNotFound if that is why
         if row is None:
-            await domain_row(t, domain)  # AttentionNotFound if that is why
             raise LeaseLost([token], "the slice's concurrency token expired")
-        d = Domain(row[0], domain, AttentionConfig.from_dict(row[1]))
-        k = Key(row[3:])
-        plan: Plan = plan_of(d, k)
+        k = await load_key(t, d, row[0])  # locked: its token bucket changes
+        assert k is not None
+        plan = plan_of(d, k)
         tokens = refill(k.tokens, k.tokens_at, t.now, plan)
         allowed = n if tokens == math.inf else min(n, int(tokens))
         if allowed < 1:
             k.tokens, k.tokens_at = tokens, t.now
             await k.save(t, d)
             return [], next_permit(tokens, t.now, plan)
-        if not row[2]:  # no work queue (deleted)
+        await t.cur.execute(f"SELECT 1 FROM {t.s}.queues WHERE name = %s", (k.queue,))
+        if await t.cur.fetchone() is None:
             return [], None
         # receive() commits without the WAL flush (a lease), unless ?durable_leases=on
         await t.cur.execute(b.q.receive, (k.queue, t.now, allowed, visibility_timeout))
@@ -360,12 +384,14 @@ async def receive(
             await k.save(t, d)
         return got, None
 
-    result: tuple[list[Received], float | None] = await run(b, go)
+    result: tuple[list[Received], float | None] = await run(b, go, wakes=False)
     return result
 
 
 async def extend(b: PostgresBackend, domain: str, token: str) -> bool:
     async def go(t: Txn) -> bool:
+        if not t.flush:
+            await t.cur.execute("SET LOCAL synchronous_commit = off")
         d = await domain_row(t, domain)
         await t.cur.execute(
             f"UPDATE {t.s}.att_slices SET lease_until = %s WHERE token = %s AND domain_id = %s "

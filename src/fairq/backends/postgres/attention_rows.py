@@ -72,13 +72,15 @@ class Scheduled:
 @dataclass(slots=True)
 class Txn:
     """One attention transaction: its cursor, the broker, its ``now``, the domains whose
-    takers it must wake, and the delayed signals it wrote (domain -> due times)."""
+    takers it must wake, the delayed signals it wrote (domain -> due times), and whether
+    its commit waits for the WAL flush."""
 
     cur: Cursor
     b: PostgresBackend
     now: float
     notify: set[str] = field(default_factory=set)
     scheduled: dict[str, list[float]] = field(default_factory=dict)
+    flush: bool = True  # commit waits for the WAL flush (see run)
 
     @property
     def s(self) -> str:
@@ -148,27 +150,32 @@ class Key:
 
 
 async def run(
-    b: PostgresBackend, fn: Any, connection: object | None = None, flush: bool = True
+    b: PostgresBackend,
+    fn: Any,
+    connection: object | None = None,
+    flush: bool = True,
+    wakes: bool = True,
 ) -> Any:
     """``fn(txn)`` in one transaction (retried whole on a deadlock); then the wake-ups.
 
     ``flush=False`` (takes, extends and ends of slices: their concurrency tokens are
     leases, like a receive's, see ``receive()`` in 0001_queues.sql) commits without waiting
     for the WAL flush (``synchronous_commit = off`` for this transaction only, unless
-    ``?durable_leases=on``): those steps hold a worker while they commit. A crash of the
+    ``?durable_leases=on``; ``fn`` sets it, in its first statement, where it reads
+    ``txn.flush``): those steps hold a worker while they commit. A crash of the
     server can undo only such a step with no synchronous commit after it (a later one
     flushes the WAL before it), and undoing one loses nothing: an undone take leaves its
     signal where it was (the worker's next receive finds its slice gone), an undone end
     leaves the slice to expire and be re-signalled. Publishes, acks and resource changes
-    keep the full flush."""
+    keep the full flush. ``wakes=False`` (a slice's receive, as a queue's): no NOTIFY
+    to send after the commit."""
     now = b.now()
     notify: set[str] = set()
     scheduled: dict[str, list[float]] = {}
 
     async def go(cur: Cursor) -> Any:
-        if not flush and connection is None and not b.options.durable_leases:
-            await cur.execute("SET LOCAL synchronous_commit = off")
         t = Txn(cur, b, now)
+        t.flush = flush or connection is not None or b.options.durable_leases
         result = await fn(t)
         for domain in t.notify:
             await cur.execute(f"SELECT {b.s}.wake(%s)", ("a:" + domain,))
@@ -178,7 +185,7 @@ async def run(
         scheduled.update(t.scheduled)
         return result
 
-    result = await b.pool.run(go, transaction=True, connection=connection)
+    result = await b.pool.run(go, transaction=True, connection=connection, wakes=wakes)
     for domain, dues in scheduled.items():
         b.att_scheduled.add(domain, dues, now)
     if connection is None and notify:

@@ -146,14 +146,61 @@ $$;
 
 -- the start of a take, an end, a stats call: the domain's row locked (one scheduler
 -- decision at a time per domain) and swept (att_sweep), in one round trip; no row if
--- there is no such domain
-CREATE FUNCTION {schema}.att_begin(dname text, now float8)
+-- there is no such domain. flush = false: this transaction commits without waiting for the
+-- WAL flush (a take's or an end's: slice tokens are leases, as receive()'s are)
+CREATE FUNCTION {schema}.att_begin(dname text, now float8, flush bool)
 RETURNS TABLE (id int, config jsonb, expired text[]) LANGUAGE plpgsql AS $$
 DECLARE d record;
 BEGIN
+    IF NOT flush THEN
+        PERFORM set_config('synchronous_commit', 'off', true);
+    END IF;
     SELECT x.id, x.config INTO d FROM {schema}.att_domains x WHERE x.name = dname FOR UPDATE;
     IF NOT FOUND THEN
         RETURN;
     END IF;
     RETURN QUERY SELECT d.id, d.config, ARRAY(SELECT {schema}.att_sweep(d.id, now));
+END $$;
+
+-- a slice's receive as ONE statement (no transaction of its own around it): the live
+-- slice's work queue, then receive() of it. The first row's status says what happened:
+-- 'ok' (the rows follow; none if the queue is empty), 'lost' (no live slice of this
+-- token), 'gone' (no such domain), 'noqueue' (the work queue was deleted), 'rate' (the
+-- key's plan has a rate: the caller takes the transactional path, which keeps the bucket)
+CREATE FUNCTION {schema}.att_receive(tok text, dname text, now float8, n int, vt float8)
+RETURNS TABLE (status text, id bigint, body bytea, attrs text, attempt int,
+               priority smallint, grp text, lease bigint, ord int, queue text)
+LANGUAGE plpgsql AS $$
+DECLARE k record;
+BEGIN
+    SELECT kk.queue, coalesce(d.config -> 'plans' -> kk.plan,
+                              d.config -> 'plans' -> (d.config ->> 'default_plan')) AS plan
+    INTO k
+    FROM {schema}.att_slices s JOIN {schema}.att_domains d ON d.id = s.domain_id
+    JOIN {schema}.att_keys kk ON kk.domain_id = s.domain_id AND kk.key = s.key
+    WHERE s.token = tok AND d.name = dname AND s.lease_until > now;
+    IF NOT FOUND THEN
+        IF EXISTS (SELECT 1 FROM {schema}.att_domains x WHERE x.name = dname) THEN
+            RETURN QUERY SELECT 'lost', NULL::bigint, NULL::bytea, NULL::text, NULL::int,
+                NULL::smallint, NULL::text, NULL::bigint, NULL::int, NULL::text;
+        ELSE
+            RETURN QUERY SELECT 'gone', NULL::bigint, NULL::bytea, NULL::text, NULL::int,
+                NULL::smallint, NULL::text, NULL::bigint, NULL::int, NULL::text;
+        END IF;
+        RETURN;
+    END IF;
+    IF k.plan ->> 'rate' IS NOT NULL THEN
+        RETURN QUERY SELECT 'rate', NULL::bigint, NULL::bytea, NULL::text, NULL::int,
+            NULL::smallint, NULL::text, NULL::bigint, NULL::int, k.queue;
+        RETURN;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM {schema}.queues q WHERE q.name = k.queue) THEN
+        RETURN QUERY SELECT 'noqueue', NULL::bigint, NULL::bytea, NULL::text, NULL::int,
+            NULL::smallint, NULL::text, NULL::bigint, NULL::int, k.queue;
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT 'ok', NULL::bigint, NULL::bytea, NULL::text, NULL::int,
+        NULL::smallint, NULL::text, NULL::bigint, NULL::int, k.queue;
+    RETURN QUERY SELECT 'ok', r.id, r.body, r.attrs, r.attempt, r.priority, r.grp, r.lease,
+        r.ord, k.queue FROM {schema}.receive(k.queue, now, n, vt) r;
 END $$;
