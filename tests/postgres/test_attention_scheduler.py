@@ -64,7 +64,9 @@ async def test_the_next_tenant_is_an_index_probe_among_many(url: str) -> None:
         scans = "SELECT seq_scan, idx_scan FROM pg_stat_xact_user_tables WHERE relid = %s::regclass"
         async with c.transaction(force_rollback=True):
             before = await (await c.execute(scans, (f"{s}.att_tenants",))).fetchone()
-            row = await (await c.execute(f"SELECT * FROM {s}.att_pick(%s)", (dom,))).fetchone()
+            row = await (
+                await c.execute(f"SELECT * FROM {s}.att_pick(%s, 0, 51)", (dom,))
+            ).fetchone()
             assert row is not None and row[0] == "t777" and row[6] == "k777"
             after = await (await c.execute(scans, (f"{s}.att_tenants",))).fetchone()
             assert before is not None and after is not None
@@ -104,7 +106,11 @@ async def test_a_version_6_schema_is_upgraded_with_its_attention_domains(url: st
         await a.publish("k2", b"y")
     s = _schema(url)
     async with await _raw(url) as c:  # make it what migration 6 left
-        for fn in ("att_begin(text, float8, bool)", "att_sweep(int, float8)", "att_pick(int)"):
+        for fn in (
+            "att_begin(text, float8, bool)",
+            "att_sweep(int, float8)",
+            "att_pick(int, float8, int)",
+        ):
             await c.execute(f"DROP FUNCTION {s}.{fn}")
         for fn in (
             "att_ready(int, text, bigint, int)",
@@ -112,6 +118,8 @@ async def test_a_version_6_schema_is_upgraded_with_its_attention_domains(url: st
             "att_charge(int, text, float8, float8, float8, bigint, float8, bigint)",
             "att_visible(int, int, float8)",
             "att_receive(text, text, float8, int, float8)",
+            "att_decided(int, text, float8, float8, text, float8, float8, text, text, text, "
+            "text, bool, int, int, float8, float8, float8)",
         ):
             await c.execute(f"DROP FUNCTION {s}.{fn}")
         await c.execute(f"DROP TABLE {s}.att_usage")

@@ -24,6 +24,7 @@ from ...message import Received
 from ...model.attention import AttentionConfig, Slice
 from ...model.queues import Envelope, queue_config_from_options
 from ..attention_policy import (
+    KeyView,
     check_change,
     estimate,
     next_estimate,
@@ -248,23 +249,53 @@ async def _pull_forward(t: Txn, d: Domain, k: Key) -> None:
 async def take(b: PostgresBackend, domain: str) -> Slice | None:
     async def go(t: Txn) -> Slice | None:
         d = await begin(t, domain)
+        cap = max(p.max_messages for p in d.config.plans.values()) + 1
         for _ in range(_MAX_SIGNALS_PER_TAKE):
-            await t.cur.execute(f"SELECT * FROM {t.s}.att_pick(%s)", (d.id,))
+            await t.cur.execute(f"SELECT * FROM {t.s}.att_pick(%s, %s, %s)", (d.id, t.now, cap))
             row = await t.cur.fetchone()
             if row is None:
                 return None
-            tenant, vt, tenant_estimate, clock, domain_estimate, _sid, key = row
-            k = await load_key(t, d, key)
-            got: Slice | None = None
-            charged = 0.0
-            new_clock: float | None = None
-            if k is not None:
-                expected = estimate(tenant_estimate, domain_estimate)
-                got, charged, new_clock = await _take_signal(t, d, k, tenant, vt, clock, expected)
+            tenant, vt, tenant_estimate, clock, domain_estimate, _sid, key = row[:7]
+            if row[7] is None:  # the key is gone: the signal is spent, the tenant's turn too
+                await t.cur.execute(f"SELECT {t.s}.att_served(%s, %s, NULL, 0)", (d.id, tenant))
+                continue
+            k = Key((key, *row[7:17]))
+            visible = int(row[17] or 0)
+            waiting_due = None if visible or row[18] is None else float(row[18])
+            v = KeyView(
+                k.state,
+                k.active,
+                k.pending - 1,  # without the signal being decided
+                visible,
+                waiting_due,
+                refill(k.tokens, k.tokens_at, t.now, plan_of(d, k)),
+            )
+            expected = estimate(tenant_estimate, domain_estimate)
+            got, charged, new_clock = await _take_signal(t, d, k, v, tenant, vt, clock, expected)
             # the tenant's turn, and its charge, after the decision: until then the signal
             # taken still counts as ready, so a re-signal in between is no return from idle
             await t.cur.execute(
-                f"SELECT {t.s}.att_served(%s, %s, %s, %s)", (d.id, tenant, new_clock, charged)
+                f"SELECT {t.s}.att_decided(%s, %s, %s, %s, %s, %s, %s, "
+                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (
+                    d.id,
+                    tenant,
+                    new_clock,
+                    charged,
+                    None if got is None else got.token,
+                    t.now + d.config.slice_lease,
+                    t.now,
+                    k.key,
+                    k.tenant,
+                    k.plan,
+                    k.state,
+                    bool(k.parked),
+                    k.pending,
+                    k.active,
+                    None if k.tokens == math.inf else k.tokens,
+                    k.tokens_at,
+                    k.backlog_since,
+                ),
             )
             if got is not None:
                 return got
@@ -275,14 +306,21 @@ async def take(b: PostgresBackend, domain: str) -> Slice | None:
 
 
 async def _take_signal(
-    t: Txn, d: Domain, k: Key, tenant: str, vt: float, clock: float, expected: float
+    t: Txn,
+    d: Domain,
+    k: Key,
+    v: KeyView,
+    tenant: str,
+    vt: float,
+    clock: float,
+    expected: float,
 ) -> tuple[Slice | None, float, float | None]:
-    """Decide what the signal of ``k`` just taken does (rule 3): a slice or None, what it
-    charges ``tenant`` (at virtual time ``vt``), and the domain's new clock (None: as is)."""
+    """Decide what the signal of ``k`` just taken does (rule 3), ``v`` the key as the
+    policy sees it: a slice or None, what it charges ``tenant`` (at virtual time ``vt``),
+    and the domain's new clock (None: as is). The caller writes the key and the slice."""
     now = t.now
     k.pending -= 1
     plan = plan_of(d, k)
-    v = await view(t, d, k)
     decision = on_signal(v, plan, now)
     action = decision.action
     if action == "drop":
@@ -304,20 +342,13 @@ async def _take_signal(
     if decision.resignal_at is not None:
         await signal(t, d, k, decision.resignal_at)
     if action != "slice":
-        await k.save(t, d)
         return None, 0.0, None
     _, new_clock, charged = on_take(vt, clock, expected, plan)
-    token = secrets.token_hex(12)
-    await t.cur.execute(
-        f"INSERT INTO {t.s}.att_slices (token, domain_id, key, lease_until, tenant, charged, "
-        "taken_at) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        (token, d.id, k.key, now + d.config.slice_lease, tenant, charged, now),
-    )
     k.active += 1
     k.tokens, k.tokens_at = v.tokens, now
     if decision.fan_out:
         await signal(t, d, k, now)
-    await k.save(t, d)
+    token = secrets.token_hex(12)
     return Slice(d.name, k.key, k.queue, token, plan), charged, new_clock
 
 

@@ -71,14 +71,19 @@ END $$;
 
 -- the scheduler's choice (attention_policy.order), for a take holding the domain's row:
 -- the tenant with a ready signal and the smallest (vt, turn, since) — an index probe,
--- however many tenants and keys — and its oldest ready signal, which is deleted. Returns
--- no row when no signal is ready. The tenant's ready count is left as it is until
--- att_served (the signal still counts until the take has decided, so a re-signal of the
--- same key in between is no return from idle).
-CREATE FUNCTION {schema}.att_pick(dom int)
+-- however many tenants and keys — and its oldest ready signal, which is deleted; then the
+-- signal's key, locked, and its work queue as att_view sees it (visible counted up to
+-- cap). Returns no row when no signal is ready; the key's columns are NULL if the key is
+-- gone. The tenant's ready count is left as it is until att_decided (the signal still
+-- counts until the take has decided, so a re-signal of the same key in between is no
+-- return from idle).
+CREATE FUNCTION {schema}.att_pick(dom int, now float8, cap int)
 RETURNS TABLE (tenant text, vt float8, estimate float8, clock float8, domain_estimate float8,
-               signal bigint, key text)
+               signal bigint, key text, k_queue text, k_tenant text, k_plan text,
+               k_state text, k_parked bool, k_pending int, k_active int, k_tokens float8,
+               k_tokens_at float8, k_backlog_since float8, visible int, waiting_due float8)
 LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE t record; s record;
 BEGIN
     LOOP
@@ -92,8 +97,15 @@ BEGIN
             WHERE h.domain_id = dom AND h.tenant = t.tenant AND h.ready ORDER BY h.id LIMIT 1)
         RETURNING g.id, g.key INTO s;
         IF FOUND THEN
-            RETURN QUERY SELECT t.tenant, t.vt, t.estimate, d.vclock, d.estimate, s.id, s.key
-                FROM {schema}.att_domains d WHERE d.id = dom;
+            PERFORM 1 FROM {schema}.att_keys kk
+                WHERE kk.domain_id = dom AND kk.key = s.key FOR UPDATE;
+            RETURN QUERY SELECT t.tenant, t.vt, t.estimate, d.vclock, d.estimate, s.id, s.key,
+                kk.queue, kk.tenant, kk.plan, kk.state, kk.parked, kk.pending, kk.active,
+                kk.tokens, kk.tokens_at, kk.backlog_since, v.visible, v.waiting_due
+                FROM {schema}.att_domains d
+                LEFT JOIN {schema}.att_keys kk ON kk.domain_id = dom AND kk.key = s.key
+                LEFT JOIN LATERAL {schema}.att_view(kk.queue, now, cap) v ON kk.key IS NOT NULL
+                WHERE d.id = dom;
             RETURN;
         END IF;
         -- a count out of step (a ready count with no ready signal): mend it, look again
@@ -114,6 +126,24 @@ RETURNS void LANGUAGE sql AS $$
     UPDATE {schema}.att_tenants x SET ready = greatest(x.ready - 1, 0), turn = d.turn_counter,
         vt = x.vt + charged
     FROM d WHERE x.domain_id = dom AND x.tenant = ten
+$$;
+
+-- a take decided what the signal att_pick gave does, in one statement: the slice (if
+-- tok is not NULL: its token lease, the tenant charged, the amount, when), the key's row
+-- as the decision left it, and att_served
+CREATE FUNCTION {schema}.att_decided(
+    dom int, ten text, clock float8, charged float8, tok text, lease_until float8,
+    now float8, k text, k_tenant text, k_plan text, k_state text, k_parked bool,
+    k_pending int, k_active int, k_tokens float8, k_tokens_at float8, k_backlog_since float8
+) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO {schema}.att_slices (token, domain_id, key, lease_until, tenant, charged,
+                                     taken_at)
+    SELECT tok, dom, k, lease_until, ten, charged, now WHERE tok IS NOT NULL;
+    UPDATE {schema}.att_keys SET tenant = k_tenant, plan = k_plan, state = k_state,
+        parked = k_parked, pending = k_pending, active = k_active, tokens = k_tokens,
+        tokens_at = k_tokens_at, backlog_since = k_backlog_since
+    WHERE domain_id = dom AND key = k;
+    SELECT {schema}.att_served(dom, ten, clock, charged);
 $$;
 
 -- a slice ended (the domain's row locked by the caller): its real cost replaces what was
