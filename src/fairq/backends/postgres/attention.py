@@ -5,10 +5,11 @@ Every decision is :mod:`fairq.backends.attention_policy`'s, the same as on every
 The scheduler (SPEC §5 rule 4) is its start-time fair queueing over tenants in virtual
 time: a take asks ``att_pick`` for the tenant with a ready signal and the smallest
 ``(vt, turn)`` — one probe of a partial index, however many tenants and keys — and its
-oldest ready signal; a slice charges the tenant :func:`on_take`'s estimate (``att_served``
-moves the domain's clock); its end replaces the estimate with the real cost
-(:func:`slice_cost` in the broker's clock, ``att_charge``). Shared pieces are in
-:mod:`.attention_rows`; resources and stats in :mod:`.attention_keys`.
+oldest ready signal, its key and its work queue; a slice charges the tenant
+:func:`on_take`'s estimate (``att_decided`` writes it and moves the domain's clock); its
+end replaces the estimate with the real cost (:func:`slice_cost` in the broker's clock,
+``att_charge``). Shared pieces are in :mod:`.attention_rows`; resources and stats in
+:mod:`.attention_keys`.
 """
 
 from __future__ import annotations
