@@ -1,4 +1,4 @@
-"""The attention scheduler on PostgreSQL (migration 7): the next tenant is one probe of the
+"""The attention scheduler on PostgreSQL (migration 8): the next tenant is one probe of the
 partial index however many tenants wait, the cheap look reads without writing, a schema
 of version 6 with attention domains is upgraded and goes on serving them, and the
 tenants' stats over HTTP."""

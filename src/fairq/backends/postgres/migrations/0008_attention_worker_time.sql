@@ -1,4 +1,4 @@
--- fairq on PostgreSQL, migration 7: attention scheduled in worker time (SPEC §5 rule 4,
+-- fairq on PostgreSQL, migration 8: attention scheduled in worker time (SPEC §5 rule 4,
 -- attention_policy's scheduler: start-time fair queueing over tenants in virtual time).
 -- Per domain a virtual clock and a slice-cost estimate, per tenant its virtual time and
 -- estimate, per running slice the tenant it charged, how much, and when it was taken; the
