@@ -1,6 +1,6 @@
 """The attention scheduler on PostgreSQL (migration 8): the next tenant is one probe of the
 partial index however many tenants wait, the cheap look reads without writing, a schema
-of version 6 with attention domains is upgraded and goes on serving them, and the
+of version 7 with attention domains is upgraded and goes on serving them, and the
 tenants' stats over HTTP."""
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ async def test_the_cheap_look_reads_without_writing(url: str) -> None:
         assert (await backend.attention_next("none")).ready, "the take will say it is not there"
 
 
-async def test_a_version_6_schema_is_upgraded_with_its_attention_domains(url: str) -> None:
-    """Migration 7 adds the virtual times, estimates, slice charges and usage history to
+async def test_a_version_7_schema_is_upgraded_with_its_attention_domains(url: str) -> None:
+    """Migration 8 adds the virtual times, estimates, slice charges and usage history to
     a schema that has keys and signals already; they are served after the upgrade."""
     async with await fairq.connect(url) as broker:
         a = await broker.declare_attention("market", plans={"basic": fairq.Plan(1, 5, 20.0)})
@@ -105,7 +105,7 @@ async def test_a_version_6_schema_is_upgraded_with_its_attention_domains(url: st
         await a.publish_batch("k1", [fairq.Outgoing(b"x") for _ in range(3)])
         await a.publish("k2", b"y")
     s = _schema(url)
-    async with await _raw(url) as c:  # make it what migration 6 left
+    async with await _raw(url) as c:  # make it what migration 7 left
         for fn in (
             "att_begin(text, float8, bool)",
             "att_sweep(int, float8)",
@@ -134,8 +134,8 @@ async def test_a_version_6_schema_is_upgraded_with_its_attention_domains(url: st
             f"CREATE INDEX att_tenants_turn ON {s}.att_tenants (domain_id, turn, since) "
             "WHERE ready > 0"
         )
-        await c.execute(f"DELETE FROM {s}.migrations WHERE version = 7")
-        assert [m.version for m in await migrate.pending(c, _schema(url).strip('"'))] == [7]
+        await c.execute(f"DELETE FROM {s}.migrations WHERE version = 8")
+        assert [m.version for m in await migrate.pending(c, _schema(url).strip('"'))] == [8]
     async with await fairq.connect(url) as broker:
         a = broker.attention("market")
         assert (await a.stats()).signals_pending == 2
