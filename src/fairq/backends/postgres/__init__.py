@@ -27,20 +27,28 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Hashable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import psycopg
 
 from ...clock import Clock, ManualClock, SystemClock
 from ...errors import ConnectionError, FairqError, LeaseLost, QueueNotFound
 from ...message import Received
-from ...model.attention import AttentionConfig, AttentionStats, KeyStats, Slice
+from ...model.attention import (
+    AttentionConfig,
+    AttentionStats,
+    KeyStats,
+    SignalHint,
+    Slice,
+    TenantStats,
+)
 from ...model.idempotency import IdempotencyRecord, Version
 from ...model.queues import Envelope, QueueConfig, QueueStats
 from ...model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ...model.topics import PublishResult, Subscription, TopicConfig, TopicStats
 from ..base import Backend
-from . import attention, idempotency, migrate, queues, rooms, topics
+from . import attention, attention_keys, idempotency, migrate, queues, rooms, topics
+from .attention_rows import Scheduled
 from .connection import Cursor, Deadline, Options, Pool, parse_url
 from .listener import Listener, TopicSinks
 from .queries import Queries
@@ -67,17 +75,6 @@ class OffsetClock:
 class PostgresBackend(Backend):
     """See the module docstring."""
 
-    #: attention's worker-time scheduler and tenant usage are on memory and SQLite so far
-    missing: ClassVar[Mapping[str, str]] = {
-        "worker_time_fairness": "attention rounds go over tenants counted in slices (the "
-        "least recently served tenant next), not in worker time; plan weights other than 1 "
-        "and charge='messages' raise Unsupported",
-        "attention.tenant_stats": "Attention.tenant_stats raises Unsupported (no per-tenant "
-        "usage is kept yet)",
-        "attention.one_take_per_due": "a delayed signal coming due wakes a taker in every "
-        "process, and each tries a take (one of them gets it)",
-    }
-
     def __init__(self, url: str, clock: Clock) -> None:
         self.options: Options = parse_url(url)
         server_clock = self.options.clock == "server" or (
@@ -93,6 +90,7 @@ class PostgresBackend(Backend):
         self.poll_interval = self.options.poll if not self.options.listen else 1.0
         self._topics = topics.TopicCache()
         self._acks = queues.AckCoalescer(self._ack_now)
+        self.att_scheduled = Scheduled()  # the delayed attention signals this broker wrote
         self._last_sweep = 0.0
         self._sweeper: asyncio.Task[None] | None = None
         self._closed = False
@@ -478,16 +476,25 @@ class PostgresBackend(Backend):
     async def attention_set_resource(
         self, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None
     ) -> None:
-        await attention.set_resource(self, domain, key, plan, state, tenant)
+        await attention_keys.set_resource(self, domain, key, plan, state, tenant)
 
     async def attention_stats(self, domain: str) -> AttentionStats:
-        return await attention.stats(self, domain)
+        return await attention_keys.stats(self, domain)
 
     async def attention_key_stats(self, domain: str, top: int) -> list[KeyStats]:
-        return await attention.key_stats(self, domain, top)
+        return await attention_keys.key_stats(self, domain, top)
 
     async def attention_reconcile(self, domain: str) -> int:
-        return await attention.reconcile(self, domain)
+        return await attention_keys.reconcile(self, domain)
+
+    async def attention_tenant_stats(self, domain: str, top: int) -> list[TenantStats]:
+        return await attention_keys.tenant_stats(self, domain, top)
+
+    async def attention_next(self, domain: str) -> SignalHint:
+        return await attention_keys.hint(self, domain)
+
+    def attention_scheduled_here(self, domain: str, due: float) -> bool:
+        return (domain, due) in self.att_scheduled
 
     # -- idempotency -----------------------------------------------------------------------
     async def claim(
@@ -664,20 +671,13 @@ class PostgresBackend(Backend):
         if self._closed:
             return None
         self.listener.ensure_started()
-        watched = list(self.wakeups._events)
-        names = [w for w in watched if not w.startswith("attention:")]
-        domains = [w.split(":", 1)[1] for w in watched if w.startswith("attention:")]
-        found: list[float] = []
-        now = self.now()
-        if names:
-            due = await self._one(self.q.next_due, (names, now))
-            if due is not None:
-                found.append(float(due))
-        if domains:
-            due = await attention.next_due(self, domains, now)
-            if due is not None:
-                found.append(due)
-        return min(found) if found else None
+        # attention takers wait for their domain's own due times (attention_next), so a
+        # delayed signal coming due wakes one taker, not every waiter of the process
+        names = [w for w in self.wakeups._events if not w.startswith("attention:")]
+        if not names:
+            return None
+        due = await self._one(self.q.next_due, (names, self.now()))
+        return None if due is None else float(due)
 
     async def changed_elsewhere(self) -> bool:
         return self.listener.changed_elsewhere()
