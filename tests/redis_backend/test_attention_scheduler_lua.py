@@ -281,3 +281,44 @@ async def test_delete_attention_leaves_none_of_its_keys(redis_url: str, client: 
         assert left == []
     finally:
         await b.close()
+
+
+async def test_a_domain_of_the_layout_before_the_scheduler_goes_on(
+    redis_url: str, client: Any
+) -> None:
+    """A domain written before the scheduler (its tenants with ready signals in a zset by
+    last turn, ``A turns``, and ``A tturn``): the first sweep moves them into ``A sched``
+    and every ready signal is still taken."""
+    b = await fairq.connect(redis_url, clock=fairq.ManualClock())
+    prefix = redis_url.rsplit("prefix=", 1)[1]
+    base = f"{prefix}{{process}}:a:old:"
+    try:
+        a = await b.declare_attention("old", plans={"basic": Plan(1, 5, 60.0)})
+        for key, tenant in (("k1", "x"), ("k2", "x"), ("k3", "y")):
+            await a.set_resource(key, tenant=tenant)
+            await a.publish(key, b"m")
+        # back to the old layout: what the scripts before the scheduler kept
+        for m in await client.zrange(base + "sched", 0, -1):
+            tenant = m.decode()[32:]
+            await client.zadd(base + "turns", {tenant: 7})
+            await client.hset(base + "tturn", tenant, 7)
+            await client.delete(base + "T:" + tenant)
+        await client.delete(base + "sched", base + "tenants")
+        keys = set()
+        for _ in range(3):
+            s = await a._take(0)
+            assert s is not None
+            keys.add(s.key)
+            msgs, _ = await a._receive(s, 5, None)
+            for m in msgs:
+                await m.ack()
+            await a._end(s, len(msgs), None)
+        assert keys == {"k1", "k2", "k3"}
+        assert await a._take(0) is None
+        assert not await client.exists(base + "turns", base + "tturn")
+        await a.publish("k3", b"again")
+        s = await a._take(0)
+        assert s is not None and s.key == "k3"
+        assert await client.zcard(base + "sched") == 0
+    finally:
+        await b.close()
