@@ -320,5 +320,7 @@ async def test_a_domain_of_the_layout_before_the_scheduler_goes_on(
         s = await a._take(0)
         assert s is not None and s.key == "k3"
         assert await client.zcard(base + "sched") == 0
+        await b.delete_attention("old")
+        assert not [k async for k in client.scan_iter(match=base + "*")], "none left behind"
     finally:
         await b.close()

@@ -306,7 +306,10 @@ end
 -- signal join A sched at the clock, their last turns kept
 local function upgrade_domain(d)
   local turns = redis.call('HGETALL', d.a .. 'tturn')
-  for i = 1, #turns, 2 do redis.call('HSET', d.a .. 'T:' .. turns[i], 'turn', turns[i + 1]) end
+  for i = 1, #turns, 2 do
+    redis.call('HSET', d.a .. 'T:' .. turns[i], 'turn', turns[i + 1])
+    redis.call('SADD', d.a .. 'tenants', turns[i])
+  end
   for _, tenant in ipairs(redis.call('ZRANGE', d.a .. 'turns', 0, -1)) do
     if redis.call('LLEN', d.a .. 't:' .. tenant) > 0 then
       tenant_ready(d, tenant, redis.call('HINCRBY', d.a .. 'n', 'sigseq', 1))
