@@ -1,9 +1,15 @@
 """The Redis backend's attention domains (SPEC §5): each seam method one script of
 ``scripts/attention_*.lua`` on the slot of the domain's *data family* — the family of its
 work queues (the first word of the ``work_queue`` template) — so a publish stores the
-work message and the key's signal in one step. The decisions are
-``attention_policy``'s, ported to ``scripts/lib/attention.lua``; which signal goes next
-is its one function ``next_signal``.
+work message and the key's signal in one step, and every key of the domain's scheduling
+state (virtual clock, tenants, slices, usage) lives in that slot too. The decisions are
+``attention_policy``'s, ported to ``scripts/lib/attention.lua`` with the same arithmetic;
+which tenant goes next is its one function ``next_tenant`` (the first member of a sorted
+set scored by virtual time, ties by turn: O(log n) whatever the number of tenants).
+
+The scripts that may write a delayed signal return its due time; the broker remembers
+those (:meth:`RedisAttention.attention_scheduled_here`), so its own takers take such a
+signal on time and other processes' a moment later: one take attempt per due signal.
 
 A domain's options are kept twice: in its own family (``F attd``, the index that
 ``list_attention`` reads and the pointer to the data family) and in the data family
@@ -25,10 +31,12 @@ from ...model.attention import (
     AttentionStats,
     KeyStats,
     Plan,
+    SignalHint,
     Slice,
+    TenantStats,
 )
 from ...model.queues import Envelope, queue_config_from_options
-from ..attention_policy import check_change
+from ..attention_policy import check_change, tenant_at_cap
 from .conn import ScriptError, family
 from .core import _config_json
 from .queues import _text, received
@@ -37,6 +45,29 @@ from .rooms import RedisRooms
 __all__ = ["RedisAttention"]
 
 _RECONCILE_CHUNK = 2000
+_SCHEDULED_KEPT = 1000  # due times remembered per domain before the old ones are dropped
+
+
+class Scheduled:
+    """The due times of the delayed signals this broker's scripts wrote, per domain."""
+
+    def __init__(self) -> None:
+        self.by_domain: dict[str, dict[float, None]] = {}
+
+    def add(self, domain: str, dues: bytes | str, now: float) -> None:
+        text = _text(dues)
+        if not text:
+            return
+        kept = self.by_domain.setdefault(domain, {})
+        for due in text.split(" "):
+            kept[float(due)] = None
+        if len(kept) > _SCHEDULED_KEPT:  # forget what came due long ago
+            for old in [x for x in kept if x < now - 60.0]:
+                del kept[old]
+
+    def __contains__(self, item: tuple[str, float]) -> bool:
+        domain, due = item
+        return due in self.by_domain.get(domain, {})
 
 
 class RedisAttention(RedisRooms):
@@ -45,6 +76,7 @@ class RedisAttention(RedisRooms):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._domains: dict[str, tuple[AttentionConfig, str]] = {}
+        self._scheduled = Scheduled()
 
     def _data_family(self, domain: str, config: AttentionConfig) -> str:
         first = config.work_queue.split(".", 1)[0]
@@ -156,16 +188,17 @@ class RedisAttention(RedisRooms):
                         "set_resource(key, state='active') first"
                     ) from None
                 self.raise_send_error(queue, envelopes, err)
+            self._scheduled.add(domain, made[-1], self.clock.now())
             await self.drain_outbox(queue)
-            return plan.answer([int(m, 16) for m in made])
+            return plan.answer([int(m, 16) for m in made[:-1]])
         raise InvalidOption(f"queue {queue!r}: deduplication kept changing under this publish")
 
     async def attention_take(self, domain: str) -> Slice | None:
         got = await self._att("attention_take", domain, secrets.token_hex(12))
+        self._scheduled.add(domain, got[-1], self.clock.now())
         if len(got) == 1:
-            self.learn_due(f"attention:{domain}", got[0])
             return None
-        key, queue, token, _plan_name, plan = (_text(x) for x in got)
+        key, queue, token, _plan_name, plan = (_text(x) for x in got[:-1])
         return Slice(domain, key, queue, token, Plan(**orjson.loads(plan)))
 
     async def attention_receive(
@@ -191,13 +224,14 @@ class RedisAttention(RedisRooms):
     async def attention_end(
         self, domain: str, token: str, processed: int, retry_at: float | None
     ) -> None:
-        await self._att(
+        dues = await self._att(
             "attention_end",
             domain,
             token,
             str(processed),
             "" if retry_at is None else repr(retry_at),
         )
+        self._scheduled.add(domain, dues, self.clock.now())
 
     async def attention_set_resource(
         self, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None
@@ -206,7 +240,7 @@ class RedisAttention(RedisRooms):
         if plan is not None and plan not in config.plans:
             config, _ = await self._domain(domain, fresh=True)
         try:
-            await self._att(
+            dues = await self._att(
                 "attention_set_resource",
                 domain,
                 key,
@@ -215,6 +249,7 @@ class RedisAttention(RedisRooms):
                 state or "",
                 tenant or "",
             )
+            self._scheduled.add(domain, dues, self.clock.now())
         except ScriptError as err:
             if err.code == "NOPLAN":
                 raise InvalidOption(
@@ -269,9 +304,54 @@ class RedisAttention(RedisRooms):
     async def attention_reconcile(self, domain: str) -> int:
         total, cursor = 0, 0
         while cursor >= 0:
-            n, cursor = await self._att(
+            n, cursor, dues = await self._att(
                 "attention_reconcile", domain, str(cursor), str(_RECONCILE_CHUNK)
             )
+            self._scheduled.add(domain, dues, self.clock.now())
             total += int(n)
             cursor = int(cursor)
         return total
+
+    async def attention_tenant_stats(self, domain: str, top: int) -> list[TenantStats]:
+        used_rows, key_rows = await self._att("attention_tenant_stats", domain)
+        used: dict[str, list[float]] = {}
+        for tenant, busy, slices, messages in used_rows:
+            u = used.setdefault(_text(tenant), [0.0, 0, 0])
+            u[0] += float(busy)
+            u[1] += int(slices)
+            u[2] += int(messages)
+        keys: dict[str, list[tuple[int, int, int]]] = {}
+        for tenant, visible, active, cap in key_rows:
+            keys.setdefault(_text(tenant), []).append((int(visible), int(active), int(cap)))
+        total = sum(u[0] for u in used.values())
+        rows = []
+        for name in used.keys() | keys.keys():
+            busy, slices, messages = used.get(name, (0.0, 0, 0))
+            mine = keys.get(name, [])
+            rows.append(
+                TenantStats(
+                    name,
+                    busy / total if total > 0 else 0.0,
+                    busy,
+                    int(slices),
+                    int(messages),
+                    sum(v for v, _, _ in mine),
+                    len(mine),
+                    tenant_at_cap(mine),
+                )
+            )
+        rows.sort(key=lambda r: (-r.share, -r.backlog, r.tenant))
+        return rows[:top]
+
+    async def attention_next(self, domain: str) -> SignalHint:
+        try:
+            got = await self._att("attention_next", domain)
+        except AttentionNotFound:  # the take that follows raises it
+            return SignalHint(True, None)
+        if int(got[0]):
+            return SignalHint(True, None)
+        due = _text(got[1])
+        return SignalHint(False, float(due) if due else None)
+
+    def attention_scheduled_here(self, domain: str, due: float) -> bool:
+        return (domain, due) in self._scheduled

@@ -4,7 +4,8 @@
 -- KEYS[1] the data family's due index
 -- ARGV: header; 1 domain, 2 key, 3 work queue, 4 its options JSON, 5 its dead-letter
 --       queue ("" none), then the send's arguments as send.lua's from its 2nd on
--- returns the new ids | error FQ:NODOMAIN, FQ:REMOVED, and send.lua's
+-- returns {the new ids..., dues} (dues: the due times of the delayed signals written,
+--         space-separated) | error FQ:NODOMAIN, FQ:REMOVED, and send.lua's
 local fb = string.sub(KEYS[1], 1, -4)
 sweep_family(fb)
 local d = load_domain(fb, arg(1))
@@ -36,4 +37,5 @@ elseif v.visible > 0 then
 end
 save_key(d, k)
 finish()
+ids[#ids + 1] = dues()
 return ids

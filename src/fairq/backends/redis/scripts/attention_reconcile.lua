@@ -4,7 +4,8 @@
 -- for long; each key's check and signal is one step.
 -- KEYS[1] the data family's due index
 -- ARGV: header; 1 domain, 2 first index in the key index, 3 how many keys
--- returns {signalled, next index or -1 when done} | error FQ:NODOMAIN
+-- returns {signalled, next index or -1 when done, dues (the due times of the delayed
+--         signals written, space-separated)} | error FQ:NODOMAIN
 local fb = string.sub(KEYS[1], 1, -4)
 sweep_family(fb)
 local d = load_domain(fb, arg(1))
@@ -31,5 +32,6 @@ for _, key in ipairs(keys) do
   end
 end
 count(d, 'reconciled', n)
+prune_usage(d)
 finish()
-return {n, #keys < count_ and -1 or first + #keys}
+return {n, #keys < count_ and -1 or first + #keys, dues()}

@@ -3,7 +3,8 @@
 -- KEYS[1] the data family's due index
 -- ARGV: header; 1 domain, 2 key, 3 its work queue, 4 plan ("" keep), 5 state ("" keep),
 --       6 tenant ("" keep)
--- returns 1 | error FQ:NODOMAIN, FQ:NOPLAN
+-- returns the due times of the delayed signals written, space-separated | error
+--         FQ:NODOMAIN, FQ:NOPLAN
 local fb = string.sub(KEYS[1], 1, -4)
 sweep_family(fb)
 local d = load_domain(fb, arg(1))
@@ -27,4 +28,4 @@ if state ~= '' then
 end
 save_key(d, k)
 finish()
-return 1
+return dues()

@@ -8,8 +8,8 @@ local d = load_domain(fb, arg(1))
 if not d then finish(); return fail('NODOMAIN', arg(1)) end
 sweep_domain(d)
 local pending = 0
-for _, tenant in ipairs(redis.call('ZRANGE', d.a .. 'turns', 0, -1)) do
-  pending = pending + redis.call('LLEN', d.a .. 't:' .. tenant)
+for _, m in ipairs(redis.call('ZRANGE', d.a .. 'sched', 0, -1)) do
+  pending = pending + redis.call('LLEN', d.a .. 't:' .. string.sub(m, 33))
 end
 for _, key in ipairs(redis.call('ZRANGE', d.a .. 'delayed', 0, -1)) do
   pending = pending + redis.call('ZCARD', d.a .. 'kd:' .. key)

@@ -1,19 +1,23 @@
--- attention_take: take signals in fair order (next_signal) until one yields a slice,
--- dropping, parking, blocking, rate-limiting or finding empty the others and counting
--- each (SPEC §5 rule 3); the slice holds a concurrency token of its key (a lease).
+-- attention_take: take signals in fair order (next_tenant: the smallest (vt, turn) tenant
+-- with a ready signal, its oldest signal) until one yields a slice, dropping, parking,
+-- blocking, rate-limiting or finding empty the others and counting each (SPEC §5 rule 3);
+-- the slice holds a concurrency token of its key (a lease) and charges its tenant an
+-- estimate of its cost (attention_policy.on_take), corrected when it ends.
 -- KEYS[1] the data family's due index
 -- ARGV: header; 1 domain, 2 the new slice's token
--- returns {key, queue, token, plan name, plan JSON} | {next due time or ""} when no signal
---         is due | error FQ:NODOMAIN
+-- returns {key, queue, token, plan name, plan JSON, dues} | {dues} when no signal yields a
+--         slice; dues: the due times of the delayed signals written, space-separated |
+--         error FQ:NODOMAIN
 local fb = string.sub(KEYS[1], 1, -4)
 sweep_family(fb)
 local d = load_domain(fb, arg(1))
 if not d then finish(); return fail('NODOMAIN', arg(1)) end
 sweep_domain(d)
 for _ = 1, 256 do
-  local key = next_signal(d)
-  if not key then break end
+  local tenant, m, vt, key = next_tenant(d)
+  if not tenant then break end
   local k = load_key(d, key)
+  local new_vt, clock = vt, nil
   if k then
     k.pending = k.pending - 1
     k.ready = k.ready - 1
@@ -32,20 +36,26 @@ for _ = 1, 256 do
     end
     if resignal_at then signal(d, k, resignal_at) end
     if action == 'slice' then
+      sched_state(d)
+      local t = load_tenant(d, tenant)
+      local charged
+      new_vt, clock, charged = on_take(vt, d.vclock, estimate(t.est, d.estimate), plan.weight)
       local token = arg(2)
       redis.call('ZADD', d.a .. 'slices', NOW + d.config.slice_lease, token)
       redis.call('HSET', d.a .. 'sk', token, key)
+      redis.call('HSET', d.a .. 'sc', token, fmt(charged) .. ' ' .. fmt(NOW) .. ' ' .. tenant)
       k.active = k.active + 1
       k.tokens, k.tokens_at = v.tokens, NOW
       if fan_out then signal(d, k, NOW) end
       save_key(d, k)
+      served(d, tenant, m, new_vt, clock)
       finish()
       local p = d.config.plans[k.plan] and k.plan or d.config.default_plan
-      return {key, k.queue, token, p, cjson.encode(d.config.plans[p])}
+      return {key, k.queue, token, p, cjson.encode(d.config.plans[p]), dues()}
     end
     save_key(d, k)
   end
+  served(d, tenant, m, new_vt, clock)
 end
-local due = domain_due(d)
 finish()
-return {due and tostring(due) or ''}
+return {dues()}

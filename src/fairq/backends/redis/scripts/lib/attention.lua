@@ -1,23 +1,61 @@
 -- attention.lua: attention domains. A domain's keys live in the family of its work queues
 -- (the first word of its work_queue template), so a publish stores the work message and
--- the signal in one slot. A = F .. 'a:' .. domain .. ':'.
+-- the signal in one slot. A = F .. 'a:' .. domain .. ':'. KEYS.md lists every key:
 --   F att          hash domain -> options JSON
---   A n            counters, turn_counter, sigseq, clear_sum/clear_count, discarded:<state>
+--   A n            counters, turn_counter, sigseq, clear_sum/clear_count, discarded:<state>,
+--                  vclock (the virtual clock), estimate (what a slice here costs)
 --   A k:<key>      hash: queue tenant plan state parked pending ready active tokens tokens_at
 --                  backlog_since processed
 --   A keys         zset (score 0) of every key, for listing
 --   A backlog      set of keys with backlog (backlog_since set): what the reconciler visits
 --   A t:<tenant>   list of the tenant's ready signals (key names), FIFO
---   A turns        zset of tenants with a ready signal; score: the turn they were last
---                  served at, or (signal seq - 2^52) if never served: least recently first
---   A tturn        hash tenant -> last turn
+--   A T:<tenant>   hash: vt, est (its slices' cost estimate), turn, since, m (its member of
+--                  A sched while it has a ready signal); A tenants: set of them
+--   A sched        zset of the tenants with a ready signal: score vt, member
+--                  "<turn><since><tenant>" (16 hex digits each), so the first member is
+--                  the smallest (vt, turn, since): attention_policy.order, O(log n)
 --   A kd:<key>     zset of the key's delayed signals ("seq" -> due); A delayed: key -> the
 --                  earliest of them
---   A slices       zset token -> lease end; A sk hash token -> key
--- The decisions are attention_policy.py's (on_signal, on_slice_end, refill, next_permit),
--- ported as the functions below; which signal goes next is next_signal() alone.
+--   A slices       zset token -> lease end; A sk hash token -> key; A sc hash token ->
+--                  "charged taken_at tenant"
+--   A u:<bucket>   hash tenant -> "busy slices messages" of slices ended in that bucket
+--                  (attention_policy.usage_bucket); A ub zset of the buckets (score = bucket)
+-- The decisions are attention_policy.py's (on_signal, on_slice_end, refill, next_permit,
+-- and the scheduler: eligible_vt, estimate, on_take, slice_cost, on_end, next_estimate,
+-- usage_bucket), ported as the functions below with the same arithmetic (Lua doubles);
+-- which tenant goes next is next_tenant() alone.
 local INF = math.huge
-local TWO52 = 4503599627370496
+
+-- a number as Redis must get it: redis.call turns a Lua number into 14 digits, too few for
+-- virtual times and due times (a due time read back must equal the one reported)
+local function fmt(x) return string.format('%.17g', x) end
+
+-- the scheduler's rules: attention_policy.py, the same arithmetic (tests compare them)
+local ESTIMATE_WEIGHT = 0.2  -- attention_policy.ESTIMATE_WEIGHT
+local USAGE_BUCKET = 5.0     -- attention_policy.USAGE_BUCKET
+local USAGE_BUCKETS = 12     -- ceil(TENANT_WINDOW / USAGE_BUCKET): the last minute
+local function eligible_vt(vt, clock) return math.max(vt, clock) end
+local function estimate(tenant, domain)
+  if tenant ~= nil then return tenant end
+  if domain ~= nil then return domain end
+  return 0.0
+end
+-- returns the tenant's new vt, the domain's new clock and what was charged
+local function on_take(vt, clock, expected, weight)
+  local charged = expected / weight
+  return vt + charged, math.max(clock, vt), charged
+end
+local function slice_cost(charge, held, handled)
+  if charge == 'messages' then return math.max(0, handled) end
+  return math.max(0.0, held)
+end
+local function on_end(vt, charged, cost, weight) return vt - charged + cost / weight end
+local function next_estimate(old, cost)
+  if old == nil then return cost end
+  return old + ESTIMATE_WEIGHT * (cost - old)
+end
+local function usage_bucket(now) return math.floor(now / USAGE_BUCKET) end
+local function usage_since(now) return usage_bucket(now) - USAGE_BUCKETS + 1 end
 
 local function abase(fb, domain) return fb .. 'a:' .. domain .. ':' end
 
@@ -25,8 +63,23 @@ local function load_domain(fb, domain)
   local raw = redis.call('HGET', fb .. 'att', domain)
   if not raw then return nil end
   local c = cjson.decode(raw)
-  return {name = domain, fb = fb, a = abase(fb, domain), config = c, raw = raw}
+  return {name = domain, fb = fb, a = abase(fb, domain), config = c, raw = raw,
+    charge = opt(c.charge) or 'time'}
 end
+
+-- the domain's virtual clock and cost estimate, read once per script
+local function sched_state(d)
+  if d.vclock == nil then
+    local v = redis.call('HMGET', d.a .. 'n', 'vclock', 'estimate')
+    d.vclock, d.estimate = tonumber(v[1]) or 0.0, tonumber(v[2])
+  end
+  return d
+end
+
+-- delayed signals written by this script (their due times, as stored): the broker that
+-- ran it takes them on time, the others a moment later (attention_scheduled_here)
+local DUES = {}
+local function dues() return table.concat(DUES, ' ') end
 
 local function plan_of(d, k)
   local p = d.config.plans[k.plan] or d.config.plans[d.config.default_plan]
@@ -34,7 +87,8 @@ local function plan_of(d, k)
   local bucket = INF
   if rate then bucket = opt(p.burst) or math.max(1, rate) end
   return {max_concurrency = p.max_concurrency, max_messages = p.max_messages,
-          max_time = p.max_time, rate = rate, bucket = bucket, name = k.plan}
+          max_time = p.max_time, rate = rate, bucket = bucket, name = k.plan,
+          weight = opt(p.weight) or 1.0}
 end
 
 local KEY_FIELDS = {'queue', 'tenant', 'plan', 'state', 'parked', 'pending', 'ready',
@@ -132,17 +186,36 @@ local function on_slice_end(v, plan, retry_at)
   return nil, nil
 end
 
-local function tenant_score(d, tenant, since)
-  local turn = tonumber(redis.call('HGET', d.a .. 'tturn', tenant) or 0)
-  if turn > 0 then return turn end
-  return since - TWO52
+-- a tenant's scheduling state (A T:<tenant>); vt nil for a tenant never seen
+local function load_tenant(d, tenant)
+  local v = redis.call('HMGET', d.a .. 'T:' .. tenant, 'vt', 'est', 'turn', 'since', 'm')
+  return {name = tenant, vt = tonumber(v[1]), est = tonumber(v[2]),
+    turn = tonumber(v[3]) or 0, since = tonumber(v[4]) or 0, m = v[5] or nil}
+end
+
+-- its member of A sched: ties of vt go by turn, then by since (fixed-width hex sorts)
+local function sched_member(turn, since, tenant)
+  return string.format('%016x%016x', turn, since) .. tenant
+end
+
+-- the tenant's first ready signal (its ready count went 0 -> 1): it joins A sched at
+-- eligible_vt(vt, clock) (a new tenant starts at the clock)
+local function tenant_ready(d, tenant, since)
+  sched_state(d)
+  local t = load_tenant(d, tenant)
+  local tk = d.a .. 'T:' .. tenant
+  if t.vt == nil then redis.call('SADD', d.a .. 'tenants', tenant) end
+  if t.m then redis.call('ZREM', d.a .. 'sched', t.m) end
+  local vt = eligible_vt(t.vt or d.vclock, d.vclock)
+  local m = sched_member(t.turn, since, tenant)
+  redis.call('ZADD', d.a .. 'sched', fmt(vt), m)
+  redis.call('HSET', tk, 'vt', fmt(vt), 'turn', t.turn, 'since', since, 'm', m)
 end
 
 -- a ready signal for k at the tail of its tenant
 local function push_ready(d, k, since)
-  local list = d.a .. 't:' .. k.tenant
-  if redis.call('RPUSH', list, k.key) == 1 then
-    redis.call('ZADD', d.a .. 'turns', tenant_score(d, k.tenant, since), k.tenant)
+  if redis.call('RPUSH', d.a .. 't:' .. k.tenant, k.key) == 1 then
+    tenant_ready(d, k.tenant, since)
   end
   k.ready = k.ready + 1
 end
@@ -160,8 +233,10 @@ local function signal(d, k, due)
   if due <= NOW then
     push_ready(d, k, seq)
   else
-    redis.call('ZADD', d.a .. 'kd:' .. k.key, due, tostring(seq))
+    local at = fmt(due)
+    redis.call('ZADD', d.a .. 'kd:' .. k.key, at, tostring(seq))
     key_delayed_min(d, k.key)
+    DUES[#DUES + 1] = at
   end
   wake('attention:' .. d.name)
 end
@@ -193,13 +268,65 @@ end
 
 local end_slice
 
+-- usage buckets that left the window (the last minute)
+local function prune_usage(d)
+  local since = usage_since(NOW)
+  local old = redis.call('ZRANGEBYSCORE', d.a .. 'ub', '-inf', '(' .. since)
+  for _, b in ipairs(old) do redis.call('DEL', d.a .. 'u:' .. b) end
+  if #old > 0 then redis.call('ZREMRANGEBYSCORE', d.a .. 'ub', '-inf', '(' .. since) end
+end
+
+-- a slice of tenant ended: its real cost replaces the estimate charged at take, feeds the
+-- tenant's and the domain's estimates, and counts in the usage history
+local function charge(d, tenant, charged, held, handled, weight)
+  sched_state(d)
+  local cost = slice_cost(d.charge, held, handled)
+  local t = load_tenant(d, tenant)
+  if t.vt ~= nil then
+    local vt = on_end(t.vt, charged, cost, weight)
+    redis.call('HSET', d.a .. 'T:' .. tenant, 'vt', fmt(vt), 'est', fmt(next_estimate(t.est, cost)))
+    if t.m then redis.call('ZADD', d.a .. 'sched', 'XX', fmt(vt), t.m) end
+  end
+  d.estimate = next_estimate(d.estimate, cost)
+  redis.call('HSET', d.a .. 'n', 'estimate', fmt(d.estimate))
+  local bucket = usage_bucket(NOW)
+  local uk = d.a .. 'u:' .. bucket
+  local busy, slices, msgs = 0.0, 0, 0
+  local old = redis.call('HGET', uk, tenant)
+  if old then
+    local b, s_, m = string.match(old, '^(%S+) (%S+) (%S+)$')
+    busy, slices, msgs = tonumber(b), tonumber(s_), tonumber(m)
+  end
+  redis.call('HSET', uk, tenant, fmt(busy + math.max(0.0, held)) .. ' ' .. (slices + 1) .. ' '
+    .. (msgs + handled))
+  if redis.call('ZADD', d.a .. 'ub', bucket, bucket) == 1 then prune_usage(d) end
+end
+
+-- a domain written before the scheduler (A turns, A tturn): its tenants with a ready
+-- signal join A sched at the clock, their last turns kept
+local function upgrade_domain(d)
+  local turns = redis.call('HGETALL', d.a .. 'tturn')
+  for i = 1, #turns, 2 do
+    redis.call('HSET', d.a .. 'T:' .. turns[i], 'turn', turns[i + 1])
+    redis.call('SADD', d.a .. 'tenants', turns[i])
+  end
+  for _, tenant in ipairs(redis.call('ZRANGE', d.a .. 'turns', 0, -1)) do
+    if redis.call('LLEN', d.a .. 't:' .. tenant) > 0 then
+      tenant_ready(d, tenant, redis.call('HINCRBY', d.a .. 'n', 'sigseq', 1))
+    end
+  end
+  redis.call('DEL', d.a .. 'turns', d.a .. 'tturn')
+end
+
 -- delayed signals that came due join their tenant; expired slices free their token
 local function sweep_domain(d)
-  local keys = redis.call('ZRANGEBYSCORE', d.a .. 'delayed', '-inf', NOW, 'LIMIT', 0, 200)
+  if redis.call('EXISTS', d.a .. 'turns') == 1 then upgrade_domain(d) end
+  local now = fmt(NOW)
+  local keys = redis.call('ZRANGEBYSCORE', d.a .. 'delayed', '-inf', now, 'LIMIT', 0, 200)
   for _, key in ipairs(keys) do
     local k = load_key(d, key)
     local kd = d.a .. 'kd:' .. key
-    local due = redis.call('ZRANGEBYSCORE', kd, '-inf', NOW)
+    local due = redis.call('ZRANGEBYSCORE', kd, '-inf', now)
     for _, seq in ipairs(due) do
       redis.call('ZREM', kd, seq)
       if k then push_ready(d, k, tonumber(seq)) end
@@ -208,18 +335,25 @@ local function sweep_domain(d)
     if k then save_key(d, k) end
     if #due > 0 then wake('attention:' .. d.name) end
   end
-  local ended = redis.call('ZRANGEBYSCORE', d.a .. 'slices', '-inf', NOW, 'LIMIT', 0, 200)
-  for _, token in ipairs(ended) do end_slice(d, token, 0, nil) end
+  local ended = redis.call('ZRANGEBYSCORE', d.a .. 'slices', '-inf', now, 'LIMIT', 0, 200)
+  for _, token in ipairs(ended) do end_slice(d, token, 0, nil, true) end
 end
 
-end_slice = function(d, token, processed, retry_at)
+end_slice = function(d, token, processed, retry_at, expired)
   local key = redis.call('HGET', d.a .. 'sk', token)
+  local sc = redis.call('HGET', d.a .. 'sc', token)
   redis.call('ZREM', d.a .. 'slices', token)
   redis.call('HDEL', d.a .. 'sk', token)
+  redis.call('HDEL', d.a .. 'sc', token)
   count(d, 'processed', processed)
   if not key then return false end
   local k = load_key(d, key)
   if not k then return true end
+  if sc and not expired then  -- a dead worker's slice keeps its estimate: its cost is unknown
+    local charged, taken_at, tenant = string.match(sc, '^(%S+) (%S+) (.*)$')
+    charge(d, tenant, tonumber(charged), NOW - tonumber(taken_at), processed,
+      plan_of(d, k).weight)
+  end
   k.active = k.active - 1
   local v = key_view(d, k)
   local when, counter = on_slice_end(v, plan_of(d, k), retry_at)
@@ -234,25 +368,46 @@ end_slice = function(d, token, processed, retry_at)
   return true
 end
 
--- THE scheduling decision: which ready signal goes next (least recently served tenant
--- first, FIFO within the tenant). Returns the key and its tenant, or nil.
-local function next_signal(d)
+-- THE scheduling decision (attention_policy.order): the tenant with a ready signal and the
+-- smallest (vt, turn, since), and its oldest ready signal (FIFO, so its keys take turns).
+-- Returns tenant, its A sched member, its vt and the key, or nil. The signal stays at the
+-- head of the tenant's list until served(): until then it still counts as ready, so a
+-- re-signal of the tenant meanwhile is no return from idle.
+local function next_tenant(d)
   for _ = 1, 64 do
-    local top = redis.call('ZRANGE', d.a .. 'turns', 0, 0)
-    local tenant = top[1]
-    if not tenant then return nil end
-    local list = d.a .. 't:' .. tenant
-    local key = redis.call('LPOP', list)
-    if key then
-      local turn = redis.call('HINCRBY', d.a .. 'n', 'turn_counter', 1)
-      redis.call('HSET', d.a .. 'tturn', tenant, turn)
-      if redis.call('LLEN', list) > 0 then redis.call('ZADD', d.a .. 'turns', turn, tenant)
-      else redis.call('ZREM', d.a .. 'turns', tenant) end
-      return key, tenant
-    end
-    redis.call('ZREM', d.a .. 'turns', tenant)  -- an empty list left behind: mend it
+    local top = redis.call('ZRANGE', d.a .. 'sched', 0, 0, 'WITHSCORES')
+    local m = top[1]
+    if not m then return nil end
+    local tenant = string.sub(m, 33)
+    local key = redis.call('LINDEX', d.a .. 't:' .. tenant, 0)
+    if key then return tenant, m, tonumber(top[2]), key end
+    redis.call('ZREM', d.a .. 'sched', m)  -- an empty list left behind: mend it
+    redis.call('HDEL', d.a .. 'T:' .. tenant, 'm')
   end
   return nil
+end
+
+-- the signal next_tenant() gave is taken: the tenant gets its new turn and its virtual
+-- time new_vt; clock: the domain's new virtual clock if the signal yielded a slice (the
+-- arithmetic is on_take's), else nil
+local function served(d, tenant, m, new_vt, clock)
+  local list = d.a .. 't:' .. tenant
+  redis.call('LPOP', list)
+  local turn = redis.call('HINCRBY', d.a .. 'n', 'turn_counter', 1)
+  if clock ~= nil then
+    d.vclock = clock
+    redis.call('HSET', d.a .. 'n', 'vclock', fmt(clock))
+  end
+  local tk = d.a .. 'T:' .. tenant
+  redis.call('ZREM', d.a .. 'sched', m)
+  if redis.call('LLEN', list) > 0 then
+    local m2 = sched_member(turn, tonumber(string.sub(m, 17, 32), 16), tenant)
+    redis.call('ZADD', d.a .. 'sched', fmt(new_vt), m2)
+    redis.call('HSET', tk, 'vt', fmt(new_vt), 'turn', turn, 'm', m2)
+  else
+    redis.call('HSET', tk, 'vt', fmt(new_vt), 'turn', turn)
+    redis.call('HDEL', tk, 'm')
+  end
 end
 
 -- the domain's next due time (a delayed signal or a slice's lease end), for waiters
@@ -268,7 +423,13 @@ end
 local function move_tenant(d, k, tenant)
   local old = d.a .. 't:' .. k.tenant
   local n = redis.call('LREM', old, 0, k.key)
-  if redis.call('LLEN', old) == 0 then redis.call('ZREM', d.a .. 'turns', k.tenant) end
+  if n > 0 and redis.call('LLEN', old) == 0 then
+    local t = load_tenant(d, k.tenant)
+    if t.m then
+      redis.call('ZREM', d.a .. 'sched', t.m)
+      redis.call('HDEL', d.a .. 'T:' .. k.tenant, 'm')
+    end
+  end
   k.ready = k.ready - n
   k.tenant = tenant
   local seq = redis.call('HINCRBY', d.a .. 'n', 'sigseq', 1)

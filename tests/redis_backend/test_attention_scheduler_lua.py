@@ -1,0 +1,326 @@
+"""The attention scheduler in Lua (scripts/lib/attention.lua) against its Python reference
+(backends/attention_policy.py): the same arithmetic on random inputs, bit for bit; the
+same slices, in the same order, as the memory backend on random histories of publishes,
+takes and slice ends over tenants of several weights; what delete_attention leaves."""
+
+from __future__ import annotations
+
+import math
+import random
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from importlib import resources
+from typing import Any
+
+import pytest
+
+import fairq
+from fairq.backends import attention_policy as policy
+from fairq.model.attention import Plan
+from redis_servers import drop_prefix, service_up
+
+SHARED = ("127.0.0.1", 6379)
+
+
+@pytest.fixture
+def redis_url() -> Iterator[str]:
+    if not service_up(*SHARED):
+        import os
+
+        if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
+            pytest.fail("redis at 127.0.0.1:6379 is down and FAIRQ_REQUIRE_SERVICES=1")
+        pytest.skip("redis at 127.0.0.1:6379 is not reachable")
+    url = f"redis://127.0.0.1:6379/0?prefix=t-{secrets.token_hex(6)}:"
+    yield url
+    drop_prefix(url)
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[Any]:
+    import redis.asyncio as aredis
+
+    c = aredis.Redis(host=SHARED[0], port=SHARED[1])
+    try:
+        yield c
+    finally:
+        await c.aclose()
+
+
+def _lib_source() -> str:
+    """core.lua, queue.lua and attention.lua as the scripts get them (the pure rules need
+    nothing else)."""
+    root = resources.files("fairq.backends.redis").joinpath("scripts", "lib")
+    parts = ["local DLQ_CONFIG = '{}'"]
+    parts += [root.joinpath(f"{lib}.lua").read_text("utf-8") for lib in ("core", "queue")]
+    parts.append(root.joinpath("attention.lua").read_text("utf-8"))
+    return "\n".join(parts) + "\n"
+
+
+# each case: 12 numbers in, the rules' results out as %.17g (exact) strings
+_BODY = """
+local out = {}
+local function none(x) if x == '' then return nil end return tonumber(x) end
+local i = 4
+while ARGV[i] do
+  local vt, clock, t_est, d_est = tonumber(ARGV[i]), tonumber(ARGV[i + 1]),
+    none(ARGV[i + 2]), none(ARGV[i + 3])
+  local weight, held, handled = tonumber(ARGV[i + 4]), tonumber(ARGV[i + 5]),
+    tonumber(ARGV[i + 6])
+  local charge, now, cost = ARGV[i + 7], tonumber(ARGV[i + 8]), tonumber(ARGV[i + 9])
+  local old = none(ARGV[i + 10])
+  local expected = estimate(t_est, d_est)
+  local nvt, nclock, charged = on_take(vt, clock, expected, weight)
+  local c = slice_cost(charge, held, handled)
+  local row = {fmt(eligible_vt(vt, clock)), fmt(expected), fmt(nvt), fmt(nclock),
+    fmt(charged), fmt(c), fmt(on_end(nvt, charged, cost, weight)),
+    fmt(next_estimate(old, cost)), tostring(usage_bucket(now)), tostring(usage_since(now))}
+  out[#out + 1] = table.concat(row, ' ')
+  i = i + 12
+end
+return out
+"""
+
+
+def _case(rng: random.Random) -> list[Any]:
+    def num() -> float:
+        kind = rng.random()
+        if kind < 0.1:
+            return 0.0
+        if kind < 0.4:
+            return rng.uniform(0, 1e-3)
+        if kind < 0.8:
+            return rng.uniform(0, 100.0)
+        return rng.uniform(0, 1e7) * rng.choice([1.0, 1.0 / 3.0])
+
+    def maybe() -> float | None:
+        return None if rng.random() < 0.2 else num()
+
+    return [
+        num(),  # vt
+        num(),  # clock
+        maybe(),  # the tenant's estimate
+        maybe(),  # the domain's
+        rng.choice([1.0, 2.0, 0.5, 3.0, 1e-3, 7.25, 1e6, rng.uniform(1e-3, 1e3)]),
+        rng.uniform(-1.0, 60.0),  # held (a clock step back: negative)
+        rng.randint(-1, 500),  # handled
+        rng.choice(["time", "messages"]),
+        rng.uniform(0, 2e9),  # now
+        num(),  # the real cost
+        maybe(),  # an old estimate
+        0,  # padding
+    ]
+
+
+def _python(case: list[Any]) -> list[str]:
+    vt, clock, t_est, d_est, weight, held, handled, charge, now, cost, old, _ = case
+    plan = Plan(weight=weight)
+    expected = policy.estimate(t_est, d_est)
+    nvt, nclock, charged = policy.on_take(vt, clock, expected, plan)
+    values = [
+        policy.eligible_vt(vt, clock),
+        expected,
+        nvt,
+        nclock,
+        charged,
+        policy.slice_cost(charge, held, handled),
+        policy.on_end(nvt, charged, cost, plan),
+        policy.next_estimate(old, cost),
+    ]
+    return [
+        *(repr(float(v)) for v in values),
+        str(policy.usage_bucket(now)),
+        str(policy.usage_since(now)),
+    ]
+
+
+def _arg(v: Any) -> str:
+    if v is None:
+        return ""
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_the_lua_rules_compute_what_the_python_ones_do(client: Any, seed: int) -> None:
+    rng = random.Random(seed)
+    cases = [_case(rng) for _ in range(400)]
+    args = ["t-x:", "0", "0"] + [_arg(v) for c in cases for v in c]
+    got = await client.eval(_lib_source() + _BODY, 1, "t-x:{x}:due", *args)
+    assert len(got) == len(cases)
+    for case, row in zip(cases, got, strict=True):
+        lua = row.decode().split(" ")
+        want = _python(case)
+        # the numbers, bit for bit (%.17g reads back exactly); buckets as integers
+        assert [float(x) for x in lua[:8]] == [float(x) for x in want[:8]], case
+        assert [int(float(x)) for x in lua[8:]] == [int(x) for x in want[8:]], case
+
+
+# -- the scheduler as a whole: the memory backend (the Python reference) vs Redis ----------
+_PLANS = {
+    "basic": Plan(1, 4, 60.0),
+    "wide": Plan(3, 2, 60.0),
+    "heavy": Plan(1, 3, 60.0, weight=2.5),
+    "light": Plan(2, 5, 60.0, weight=0.5),
+    "slow": Plan(1, 3, 60.0, rate=2.0, burst=2.0),
+}
+
+
+async def _history(
+    brokers: list[fairq.Broker], clock: fairq.ManualClock, seed: int, charge: str
+) -> None:
+    rng = random.Random(seed)
+    domains = [
+        # no token lease runs out: expired slices end in token order, which is random
+        await b.declare_attention("sched", plans=_PLANS, charge=charge, slice_lease=1e6)  # type: ignore[arg-type]
+        for b in brokers
+    ]
+    tenants = ["A", "B", "C", "D"]
+    keys: dict[str, str] = {}
+    for i in range(14):
+        key, tenant = f"k{i}", rng.choice(tenants)
+        keys[key] = tenant
+        plan = rng.choice(list(_PLANS))
+        for a in domains:
+            await a.set_resource(key, tenant=tenant, plan=plan)
+    open_slices: list[list[Any]] = []  # one slice per broker, taken at the same step
+    taken: list[str | None] = []
+    for step in range(260):
+        op = rng.choices(["publish", "take", "serve", "time", "move"], [3, 4, 4, 1, 0.3])[0]
+        if op == "publish":
+            key = rng.choice(list(keys))
+            n = rng.choice([1, 1, 2, 5, 12])
+            for a in domains:
+                await a.publish_batch(key, [fairq.Outgoing(b"x") for _ in range(n)])
+        elif op == "take":
+            got = [await a._take(0) for a in domains]
+            names = [s.key if s is not None else None for s in got]
+            assert names[0] == names[1], f"step {step}: memory took {names[0]}, redis {names[1]}"
+            taken.append(names[0])
+            if got[0] is not None:
+                open_slices.append(got)
+        elif op == "serve" and open_slices:
+            pair = open_slices.pop(rng.randrange(len(open_slices)))
+            per_message = rng.choice([0.001, 0.01, 0.2, 1.5])
+            got = [
+                await a._receive(s, s.plan.max_messages, None)
+                for a, s in zip(domains, pair, strict=True)
+            ]
+            assert len(got[0][0]) == len(got[1][0]) and got[0][1] == got[1][1]
+            clock.advance(per_message * len(got[0][0]))
+            for a, s, (msgs, retry_at) in zip(domains, pair, got, strict=True):
+                for m in msgs:
+                    await m.ack()
+                await a._end(s, len(msgs), retry_at)
+        elif op == "time":
+            clock.advance(rng.choice([0.5, 3.0, 7.0]))
+        elif op == "move":
+            key, tenant = rng.choice(list(keys)), rng.choice(tenants)
+            keys[key] = tenant
+            for a in domains:
+                await a.set_resource(key, tenant=tenant)
+    assert sum(t is not None for t in taken) > 40, "the history serves slices"
+    for pair in open_slices:
+        for a, s in zip(domains, pair, strict=True):
+            await a._end(s, 0, None)
+    stats = [await a.tenant_stats() for a in domains]
+    assert [t.tenant for t in stats[0]] == [t.tenant for t in stats[1]]
+    for m, r in zip(*stats, strict=True):
+        assert (m.slices, m.messages, m.backlog, m.keys, m.at_cap) == (
+            r.slices,
+            r.messages,
+            r.backlog,
+            r.keys,
+            r.at_cap,
+        ), (m, r)
+        assert math.isclose(m.busy, r.busy, rel_tol=1e-9, abs_tol=1e-9), (m, r)
+
+
+@pytest.mark.parametrize(("seed", "charge"), [(1, "time"), (2, "time"), (3, "messages")])
+async def test_redis_takes_the_slices_the_memory_backend_takes(
+    redis_url: str, seed: int, charge: str
+) -> None:
+    """One manual clock drives both; every take must find the same key (the memory
+    backend runs attention_policy.py: a different virtual time, estimate, turn or charge
+    on Redis shows up as another tenant or key going next)."""
+    clock = fairq.ManualClock()
+    brokers = [
+        await fairq.connect("memory://", clock=clock),
+        await fairq.connect(redis_url, clock=clock),
+    ]
+    try:
+        await _history(brokers, clock, seed, charge)
+    finally:
+        for b in brokers:
+            await b.close()
+
+
+async def test_delete_attention_leaves_none_of_its_keys(redis_url: str, client: Any) -> None:
+    clock = fairq.ManualClock()
+    b = await fairq.connect(redis_url, clock=clock)
+    prefix = redis_url.rsplit("prefix=", 1)[1]
+    try:
+        a = await b.declare_attention("gone", plans={"basic": Plan(1, 2, 60.0, rate=5.0)})
+        for i in range(6):
+            await a.set_resource(f"k{i}", tenant=f"t{i % 3}")
+            await a.publish_batch(f"k{i}", [fairq.Outgoing(b"x") for _ in range(4)])
+        for _ in range(4):
+            s = await a._take(0)
+            assert s is not None
+            msgs, retry_at = await a._receive(s, 2, None)
+            clock.advance(0.3)
+            for m in msgs:
+                await m.ack()
+            await a._end(s, len(msgs), retry_at)
+        held = await a._take(0)  # a slice still running
+        assert held is not None
+        assert await a.tenant_stats()
+        before = [k.decode() async for k in client.scan_iter(match=f"{prefix}*a:gone:*")]
+        for kind in ("T:", "sched", "tenants", "sc", "ub", "u:"):
+            assert any(f"a:gone:{kind}" in k for k in before), (kind, before)
+        await b.delete_attention("gone")
+        left = [k.decode() async for k in client.scan_iter(match=f"{prefix}*a:gone:*")]
+        assert left == []
+    finally:
+        await b.close()
+
+
+async def test_a_domain_of_the_layout_before_the_scheduler_goes_on(
+    redis_url: str, client: Any
+) -> None:
+    """A domain written before the scheduler (its tenants with ready signals in a zset by
+    last turn, ``A turns``, and ``A tturn``): the first sweep moves them into ``A sched``
+    and every ready signal is still taken."""
+    b = await fairq.connect(redis_url, clock=fairq.ManualClock())
+    prefix = redis_url.rsplit("prefix=", 1)[1]
+    base = f"{prefix}{{process}}:a:old:"
+    try:
+        a = await b.declare_attention("old", plans={"basic": Plan(1, 5, 60.0)})
+        for key, tenant in (("k1", "x"), ("k2", "x"), ("k3", "y")):
+            await a.set_resource(key, tenant=tenant)
+            await a.publish(key, b"m")
+        # back to the old layout: what the scripts before the scheduler kept
+        for m in await client.zrange(base + "sched", 0, -1):
+            tenant = m.decode()[32:]
+            await client.zadd(base + "turns", {tenant: 7})
+            await client.hset(base + "tturn", tenant, 7)
+            await client.delete(base + "T:" + tenant)
+        await client.delete(base + "sched", base + "tenants")
+        keys = set()
+        for _ in range(3):
+            s = await a._take(0)
+            assert s is not None
+            keys.add(s.key)
+            msgs, _ = await a._receive(s, 5, None)
+            for m in msgs:
+                await m.ack()
+            await a._end(s, len(msgs), None)
+        assert keys == {"k1", "k2", "k3"}
+        assert await a._take(0) is None
+        assert not await client.exists(base + "turns", base + "tturn")
+        await a.publish("k3", b"again")
+        s = await a._take(0)
+        assert s is not None and s.key == "k3"
+        assert await client.zcard(base + "sched") == 0
+        await b.delete_attention("old")
+        assert not [k async for k in client.scan_iter(match=base + "*")], "none left behind"
+    finally:
+        await b.close()
