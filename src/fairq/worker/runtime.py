@@ -426,7 +426,9 @@ class Runtime:
         try:
             handled = await self._invoke(c, msg)
         finally:
-            # from here on no lease keeping: the ack is on its way (or nothing is left to do)
+            # from here on no lease keeping: the ack is on its way (or nothing is left to do);
+            # an extension already sent that finds the message acked is no lost lease
+            run.settled = True
             self._running.pop(msg.receipt, None)
             if handled:
                 self._queue_ack(c, msg)

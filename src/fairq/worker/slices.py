@@ -47,7 +47,7 @@ class _Acks:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
-                await self._runtime._ack_batch(batch)
+                await self._runtime._ack_slice(batch)
         finally:
             self._task = None
 
@@ -262,7 +262,7 @@ class SliceRuntime(Runtime):
             return _SLICE_BATCH
         return max(1, min(_SLICE_BATCH, int(_PREFETCH / c.handle_time)))
 
-    async def _ack_batch(self, done: list[Received]) -> None:
+    async def _ack_slice(self, done: list[Received]) -> None:
         """Ack handled messages of one queue; a failure is logged (the lease runs out and
         the message comes back: at-least-once)."""
         q = queue_of(done[0])
