@@ -153,7 +153,9 @@ async def test_concurrency_limits(live_broker: fairq.Broker) -> None:
 
 
 async def test_leases_are_extended_while_a_handler_runs(live_broker: fairq.Broker) -> None:
-    q = await live_broker.declare_queue("slow", visibility_timeout=0.4)
+    # a lease of 1 s (the keeper extends it at half its length: a loaded machine's round
+    # trips stay well inside the other half)
+    q = await live_broker.declare_queue("slow", visibility_timeout=1.0)
     await q.send(b"x")
     attempts: list[int] = []
     worker = fairq.Worker(live_broker, handle_signals=False, poll_wait=0.1)
@@ -161,7 +163,7 @@ async def test_leases_are_extended_while_a_handler_runs(live_broker: fairq.Broke
     @worker.queue("slow")
     async def handle(msg: fairq.Received) -> None:
         attempts.append(msg.attempt)
-        await asyncio.sleep(1.5)  # almost four leases long
+        await asyncio.sleep(3.5)  # three and a half leases long
 
     await run_until(worker, drained(q, 1))
     assert attempts == [1], "the message must not be delivered again while it runs"

@@ -148,7 +148,9 @@ async def test_one_producer_two_consumer_processes(url: str) -> None:
     latencies = sorted(got.values())
     # the consumers poll the file's change counter every 20 ms: far below a 1 s sleep-poll
     assert statistics.median(latencies) < 0.1, latencies
-    assert latencies[-1] < 0.5, latencies
+    # the slowest one only shows nothing waited for a lease to run out (a loaded machine
+    # delays a few by a scheduling hiccup; the median above is the real measure)
+    assert latencies[-1] < 1.5, latencies
 
 
 async def test_killed_attention_publisher_leaves_no_work_without_a_signal(url: str) -> None:
