@@ -527,7 +527,7 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = doc["runs"]
+    runs = sorted(doc["runs"], key=lambda r: not r["label"].startswith("before"))
     fig, axes = plt.subplots(1, 4, figsize=(18, 4.8))
     labels = [r["label"] for r in runs]
     colors = ["#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c"][: len(runs)]

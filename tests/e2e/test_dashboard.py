@@ -129,6 +129,8 @@ def test_screenshot_of_a_busy_dashboard(server: str, page: Any, tmp_path: Path) 
     page.locator("#chart-depth canvas").wait_for(timeout=5000)
     page.goto(server + "/#/attention")
     page.locator('[data-domain="marketplace"] tr[data-key="store-2"]').wait_for(timeout=5000)
+    tenants = page.locator('[data-domain="marketplace"] [data-table="tenants"]')
+    tenants.locator('tr[data-tenant="store-2"]').wait_for(timeout=5000)  # its backlog: 15
     page.goto(server + "/#/topics")
     page.locator('[data-topic="order-events"] tr[data-subscription="sms"]').wait_for(timeout=5000)
 
