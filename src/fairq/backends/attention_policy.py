@@ -44,6 +44,7 @@ from ..model.attention import (
 
 __all__ = [
     "ESTIMATE_WEIGHT",
+    "SCHEDULER_NOT_PORTED",
     "USAGE_BUCKET",
     "KeyView",
     "SignalDecision",
@@ -174,6 +175,18 @@ def on_slice_end(
 
 
 # -- the scheduler (rule 4): start-time fair queueing over tenants, in virtual time -------
+#: the capability-table entries of an engine that still schedules tenants by slices (the
+#: least recently served next): Redis and PostgreSQL until they run the rules below
+SCHEDULER_NOT_PORTED: Mapping[str, str] = {
+    "worker_time_fairness": "attention rounds go over tenants counted in slices (the "
+    "least recently served tenant next), not in worker time; plan weights other than 1 "
+    "and charge='messages' raise Unsupported",
+    "attention.tenant_stats": "Attention.tenant_stats raises Unsupported (no per-tenant "
+    "usage is kept yet)",
+    "attention.one_take_per_due": "a delayed signal coming due wakes a taker in every "
+    "process, and each tries a take (one of them gets it)",
+}
+
 #: how much one slice's cost moves a cost estimate (an exponentially weighted mean)
 ESTIMATE_WEIGHT = 0.2
 #: seconds per bucket of the tenants' usage history (:class:`~fairq.TenantStats`)

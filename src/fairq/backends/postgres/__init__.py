@@ -37,6 +37,7 @@ from ...model.idempotency import IdempotencyRecord, Version
 from ...model.queues import Envelope, QueueConfig, QueueStats
 from ...model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ...model.topics import PublishResult, Subscription, TopicConfig, TopicStats
+from ..attention_policy import SCHEDULER_NOT_PORTED
 from ..base import Backend
 from . import attention, idempotency, migrate, queues, rooms, topics
 from .connection import Cursor, Options, Pool, parse_url
@@ -66,15 +67,7 @@ class PostgresBackend(Backend):
     """See the module docstring."""
 
     #: attention's worker-time scheduler and tenant usage are on memory and SQLite so far
-    missing: ClassVar[Mapping[str, str]] = {
-        "worker_time_fairness": "attention rounds go over tenants counted in slices (the "
-        "least recently served tenant next), not in worker time; plan weights other than 1 "
-        "and charge='messages' raise Unsupported",
-        "attention.tenant_stats": "Attention.tenant_stats raises Unsupported (no per-tenant "
-        "usage is kept yet)",
-        "attention.one_take_per_due": "a delayed signal coming due wakes a taker in every "
-        "process, and each tries a take (one of them gets it)",
-    }
+    missing: ClassVar[Mapping[str, str]] = SCHEDULER_NOT_PORTED
 
     def __init__(self, url: str, clock: Clock) -> None:
         self.options: Options = parse_url(url)

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ...clock import Clock
+from ..attention_policy import SCHEDULER_NOT_PORTED
 from .attention import RedisAttention
 from .conn import parse_url
 
@@ -22,15 +23,7 @@ class RedisBackend(RedisAttention):
     """fairq on Redis; see the module docstring."""
 
     #: attention's worker-time scheduler and tenant usage are on memory and SQLite so far
-    missing: ClassVar[Mapping[str, str]] = {
-        "worker_time_fairness": "attention rounds go over tenants counted in slices (the "
-        "least recently served tenant next), not in worker time; plan weights other than 1 "
-        "and charge='messages' raise Unsupported",
-        "attention.tenant_stats": "Attention.tenant_stats raises Unsupported (no per-tenant "
-        "usage is kept yet)",
-        "attention.one_take_per_due": "a delayed signal coming due wakes a taker in every "
-        "process, and each tries a take (one of them gets it)",
-    }
+    missing: ClassVar[Mapping[str, str]] = SCHEDULER_NOT_PORTED
 
 
 def open_redis(url: str, clock: Clock) -> RedisBackend:
