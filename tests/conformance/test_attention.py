@@ -12,6 +12,7 @@ import pytest
 
 import fairq
 from fairq.attention import Slice
+from races import extensions_after_acks
 
 pytestmark = pytest.mark.requires("attention")
 
@@ -606,24 +607,6 @@ async def test_an_ack_racing_a_lease_extension_is_no_lost_lease(
         "race", plans={"basic": Plan(1, 3, 60.0)}, queue_options={"visibility_timeout": 0.4}
     )
     await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(3)])
-    backend = live_broker.backend
-    acked = asyncio.Event()
-    raced: list[str] = []
-    ack, extend = backend.ack, backend.extend
-
-    async def ack_then_tell(queue: str, receipts: list[str]) -> list[str]:
-        lost = await ack(queue, receipts)
-        acked.set()
-        return lost
-
-    async def extend_after_the_ack(queue: str, receipts: list[str], seconds: float) -> list[str]:
-        acked.clear()
-        await asyncio.wait_for(acked.wait(), 2.0)
-        lost = await extend(queue, receipts, seconds)
-        raced.extend(lost)
-        return lost
-
-    backend.ack, backend.extend = ack_then_tell, extend_after_the_ack  # type: ignore[method-assign]
     worker = fairq.Worker(live_broker, concurrency=1, handle_signals=False, poll_wait=0.1)
 
     @worker.attention("race")
@@ -631,16 +614,16 @@ async def test_an_ack_racing_a_lease_extension_is_no_lost_lease(
         await asyncio.sleep(0.3)  # past half the lease: the keeper extends it
 
     caplog.set_level("WARNING", logger="fairq")
-    task = asyncio.create_task(worker.run())
-    try:
-        for _ in range(300):
-            if (await a.stats()).processed == 3:
-                break
-            await asyncio.sleep(0.02)
-    finally:
-        worker.stop()
-        await asyncio.wait_for(task, 10)
-        backend.ack, backend.extend = ack, extend  # type: ignore[method-assign]
+    with extensions_after_acks(live_broker) as raced:
+        task = asyncio.create_task(worker.run())
+        try:
+            for _ in range(300):
+                if (await a.stats()).processed == 3:
+                    break
+                await asyncio.sleep(0.02)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 10)
     assert raced, "the race happened: an extension answered after the ack"
     assert worker.stats.lease_lost == 0
     assert "lost" not in caplog.text, caplog.text

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 import fairq
+from races import extensions_after_acks
 
 
 async def run_until(
@@ -296,24 +297,6 @@ async def test_an_ack_racing_a_lease_extension_is_no_lost_lease(
     its way: that is no lost lease (no warning, not counted)."""
     q = await live_broker.declare_queue("race", visibility_timeout=0.4)
     await q.send_batch([fairq.Outgoing(str(i)) for i in range(3)])
-    backend = live_broker.backend
-    acked = asyncio.Event()
-    raced: list[str] = []
-    ack, extend = backend.ack, backend.extend
-
-    async def ack_then_tell(queue: str, receipts: list[str]) -> list[str]:
-        lost = await ack(queue, receipts)
-        acked.set()
-        return lost
-
-    async def extend_after_the_ack(queue: str, receipts: list[str], seconds: float) -> list[str]:
-        acked.clear()
-        await asyncio.wait_for(acked.wait(), 2.0)
-        lost = await extend(queue, receipts, seconds)
-        raced.extend(lost)
-        return lost
-
-    backend.ack, backend.extend = ack_then_tell, extend_after_the_ack  # type: ignore[method-assign]
     worker = fairq.Worker(live_broker, concurrency=1, handle_signals=False, poll_wait=0.1)
 
     @worker.queue("race", concurrency=1)
@@ -321,10 +304,8 @@ async def test_an_ack_racing_a_lease_extension_is_no_lost_lease(
         await asyncio.sleep(0.3)  # past half the lease: the keeper extends it
 
     caplog.set_level("WARNING", logger="fairq")
-    try:
+    with extensions_after_acks(live_broker) as raced:
         await run_until(worker, drained(q, 3))
-    finally:
-        backend.ack, backend.extend = ack, extend  # type: ignore[method-assign]
     assert raced, "the race happened: an extension answered after the ack"
     assert worker.stats.lease_lost == 0
     assert "lost" not in caplog.text, caplog.text
