@@ -4,9 +4,10 @@ which handle a key's messages one after another within its plan, then end the sl
 A slice acks each message as it finishes — in the background, coalesced: one ack call in
 flight per slice, and what finishes meanwhile rides in the next one — and ends only once
 its acks have landed. It leases about ``_PREFETCH`` seconds of work at a time (from the
-handler's measured duration, 1 to ``_SLICE_BATCH`` messages), so a worker killed mid-slice
-leaves little leased: a few handled-but-unacked and not-yet-started messages, about what a
-queue consumer of the same concurrency leaves.
+handler's measured duration, 1 to ``_SLICE_BATCH`` messages) and lets at most twice that
+many handled messages wait for their ack (when acks are slower than handlers, it waits for
+them), so a worker killed mid-slice leaves little leased: a few handled-but-unacked and
+not-yet-started messages, about what a queue consumer of the same concurrency leaves.
 """
 
 from __future__ import annotations
@@ -31,12 +32,18 @@ _HANDLE_EWMA = 0.2  # how fast the measured handler duration follows new ones
 class _Acks:
     """One slice's acks: sent as messages finish, one call in flight at a time."""
 
-    __slots__ = ("_pending", "_runtime", "_task")
+    __slots__ = ("_flying", "_pending", "_runtime", "_task")
 
     def __init__(self, runtime: SliceRuntime) -> None:
         self._runtime = runtime
         self._pending: list[Received] = []
+        self._flying = 0  # messages of the call on its way
         self._task: asyncio.Task[None] | None = None
+
+    @property
+    def unacked(self) -> int:
+        """Handled messages whose ack has not been answered yet."""
+        return len(self._pending) + self._flying
 
     def add(self, msg: Received) -> None:
         self._pending.append(msg)
@@ -47,8 +54,11 @@ class _Acks:
         try:
             while self._pending:
                 batch, self._pending = self._pending, []
+                self._flying = len(batch)
                 await self._runtime._ack_slice(batch)
+                self._flying = 0
         finally:
+            self._flying = 0
             self._task = None
 
     async def drain(self) -> None:
@@ -204,7 +214,8 @@ class SliceRuntime(Runtime):
             while handled < s.plan.max_messages and not self._stopping.is_set():
                 if loop.time() >= deadline:
                     break
-                want = min(s.plan.max_messages - handled, self._prefetch(c))
+                ahead = self._prefetch(c)
+                want = min(s.plan.max_messages - handled, ahead)
                 try:
                     msgs, retry_at = await c.attention._receive(s, want, c.visibility_timeout)
                 except LeaseLost:
@@ -235,6 +246,8 @@ class SliceRuntime(Runtime):
                             run.settled = True  # the lease keeper leaves it alone from now on
                             acks.add(run.msg)
                         self._running.pop(run.msg.receipt, None)
+                        if acks.unacked >= 2 * ahead:  # acks slower than handlers: keep
+                            await acks.drain()  # what a kill -9 would leave unacked small
                 finally:
                     for run in runs:
                         self._running.pop(run.msg.receipt, None)
