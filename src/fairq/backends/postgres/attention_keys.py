@@ -19,7 +19,7 @@ from ...model.attention import (
     SignalHint,
     TenantStats,
 )
-from ..attention_policy import resignal_allowed, tenant_at_cap, usage_since
+from ..attention_policy import resignal_allowed, tenant_rows, usage_since
 from .attention import begin
 from .attention_rows import (
     Domain,
@@ -199,25 +199,7 @@ async def tenant_stats(b: PostgresBackend, domain: str, top: int) -> list[Tenant
         for tenant, plan, active, visible in await t.cur.fetchall():
             cap = (plans.get(plan) or plans[d.config.default_plan]).max_concurrency
             keys[tenant].append((int(visible), int(active), cap))
-        total = sum(u[0] for u in used.values())
-        rows = []
-        for name in used.keys() | keys.keys():
-            busy, slices, messages = used.get(name, (0.0, 0, 0))
-            mine = keys.get(name, [])
-            rows.append(
-                TenantStats(
-                    name,
-                    busy / total if total > 0 else 0.0,
-                    busy,
-                    slices,
-                    messages,
-                    sum(v for v, _, _ in mine),
-                    len(mine),
-                    tenant_at_cap(mine),
-                )
-            )
-        rows.sort(key=lambda r: (-r.share, -r.backlog, r.tenant))
-        return rows[:top]
+        return tenant_rows(used, keys, top)
 
     result: list[TenantStats] = await run(b, go)
     return result

@@ -36,7 +36,7 @@ from ...model.attention import (
     TenantStats,
 )
 from ...model.queues import Envelope, queue_config_from_options
-from ..attention_policy import check_change, tenant_at_cap
+from ..attention_policy import check_change, tenant_rows
 from .conn import ScriptError, family
 from .core import _config_json
 from .queues import _text, received
@@ -323,25 +323,7 @@ class RedisAttention(RedisRooms):
         keys: dict[str, list[tuple[int, int, int]]] = {}
         for tenant, visible, active, cap in key_rows:
             keys.setdefault(_text(tenant), []).append((int(visible), int(active), int(cap)))
-        total = sum(u[0] for u in used.values())
-        rows = []
-        for name in used.keys() | keys.keys():
-            busy, slices, messages = used.get(name, (0.0, 0, 0))
-            mine = keys.get(name, [])
-            rows.append(
-                TenantStats(
-                    name,
-                    busy / total if total > 0 else 0.0,
-                    busy,
-                    int(slices),
-                    int(messages),
-                    sum(v for v, _, _ in mine),
-                    len(mine),
-                    tenant_at_cap(mine),
-                )
-            )
-        rows.sort(key=lambda r: (-r.share, -r.backlog, r.tenant))
-        return rows[:top]
+        return tenant_rows({n: (u[0], int(u[1]), int(u[2])) for n, u in used.items()}, keys, top)
 
     async def attention_next(self, domain: str) -> SignalHint:
         try:
