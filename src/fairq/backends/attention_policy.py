@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from ..errors import ConfigConflict
 from ..model.attention import (
@@ -45,6 +45,7 @@ from ..model.attention import (
 __all__ = [
     "ESTIMATE_WEIGHT",
     "USAGE_BUCKET",
+    "KeyRow",
     "KeyView",
     "SignalDecision",
     "check_change",
@@ -93,6 +94,42 @@ class KeyView:
     visible: int
     waiting_due: float | None
     tokens: float
+
+
+class KeyRow:
+    """A key's row as the SQL engines keep it (key, queue, tenant, plan, state, parked,
+    pending, active, tokens — NULL for an unlimited bucket —, tokens_at, backlog_since),
+    changed in memory; each engine's subclass writes it back with ``save``."""
+
+    __slots__ = (
+        "active",
+        "backlog_since",
+        "key",
+        "parked",
+        "pending",
+        "plan",
+        "queue",
+        "state",
+        "tenant",
+        "tokens",
+        "tokens_at",
+    )
+
+    def __init__(self, row: tuple[Any, ...]) -> None:
+        (
+            self.key,
+            self.queue,
+            self.tenant,
+            self.plan,
+            self.state,
+            self.parked,
+            self.pending,
+            self.active,
+            tokens,
+            self.tokens_at,
+            self.backlog_since,
+        ) = row
+        self.tokens = math.inf if tokens is None else float(tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import AttentionNotFound
 from ...model.attention import AttentionConfig, Plan
-from ..attention_policy import KeyView, refill
+from ..attention_policy import KeyRow, KeyView, refill
 from .connection import Cursor
 
 if TYPE_CHECKING:
@@ -94,38 +94,10 @@ class Domain:
     config: AttentionConfig
 
 
-class Key:
-    """A key's row, changed in memory and written back with :meth:`save`."""
+class Key(KeyRow):
+    """A key's row, written back with :meth:`save`."""
 
-    __slots__ = (
-        "active",
-        "backlog_since",
-        "key",
-        "parked",
-        "pending",
-        "plan",
-        "queue",
-        "state",
-        "tenant",
-        "tokens",
-        "tokens_at",
-    )
-
-    def __init__(self, row: tuple[Any, ...]) -> None:
-        (
-            self.key,
-            self.queue,
-            self.tenant,
-            self.plan,
-            self.state,
-            self.parked,
-            self.pending,
-            self.active,
-            tokens,
-            self.tokens_at,
-            self.backlog_since,
-        ) = row
-        self.tokens = math.inf if tokens is None else float(tokens)
+    __slots__ = ()
 
     async def save(self, t: Txn, d: Domain, processed: int = 0) -> None:
         await t.cur.execute(

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 import secrets
-from typing import Any
 
 import orjson
 
@@ -24,6 +23,7 @@ from ...model.attention import (
 )
 from ...model.queues import Envelope
 from ..attention_policy import (
+    KeyRow,
     KeyView,
     check_change,
     estimate,
@@ -48,38 +48,10 @@ _KEY_COLS = (
 )
 
 
-class _Key:
-    """A key's row, changed in memory and written back with :meth:`save`."""
+class _Key(KeyRow):
+    """A key's row, written back with :meth:`save`."""
 
-    __slots__ = (
-        "active",
-        "backlog_since",
-        "key",
-        "parked",
-        "pending",
-        "plan",
-        "queue",
-        "state",
-        "tenant",
-        "tokens",
-        "tokens_at",
-    )
-
-    def __init__(self, row: tuple[Any, ...]) -> None:
-        (
-            self.key,
-            self.queue,
-            self.tenant,
-            self.plan,
-            self.state,
-            self.parked,
-            self.pending,
-            self.active,
-            tokens,
-            self.tokens_at,
-            self.backlog_since,
-        ) = row
-        self.tokens = math.inf if tokens is None else float(tokens)
+    __slots__ = ()
 
     def save(self, t: Txn, d: DomainRow, processed: int = 0) -> None:
         t.conn.execute(
