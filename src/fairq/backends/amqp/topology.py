@@ -38,6 +38,7 @@ __all__ = [
     "DLX",
     "DUE",
     "LEVELS",
+    "RESERVED",
     "UNIT",
     "delay_route",
     "due_pattern",
@@ -49,6 +50,9 @@ __all__ = [
     "wheel",
 ]
 
+#: names fairq keeps for itself in the store: ``fairq:<work queue>`` holds the tickets of an
+#: attention work queue (``attention.py``); no queue of the user's may start with it
+RESERVED = "fairq:"
 DLX = "fairq/dlx"  # direct: dead letters by source queue name -> its dead-letter queue
 DUE = "fairq/due"  # topic: the end of every delay -> the target queue
 LEVELS = 29  # 2**29 units of 10 ms: delays up to 62 days
