@@ -193,9 +193,15 @@ class AmqpAttention(AmqpTopics):
         self._domains: dict[str, tuple[AttentionConfig, float]] = {}
         self._ticketed: dict[str, tuple[bool, float]] = {}
         self._slice_queues: dict[str, str] = {}  # slice token -> work queue
+        self._ticket_acks: dict[str, list[str]] = {}  # ticket queue -> receipts to ack
+        self._ticket_flush = asyncio.Lock()
+        self._ticket_acker: asyncio.Task[None] | None = None
         self._lanes: list[Feed] = []
 
     async def close(self) -> None:
+        if self._ticket_acker is not None:
+            with contextlib.suppress(Exception):
+                await self._ticket_acker
         for lane in self._lanes:
             with contextlib.suppress(Exception):
                 await lane.flush_acks()
@@ -448,21 +454,45 @@ class AmqpAttention(AmqpTopics):
         self, domain: str, token: str, processed: int, retry_at: float | None
     ) -> None:
         self._slice_queues.pop(token, None)
+        await self._flush_ticket_acks()  # the end sees what the slice has acked
         await self.store.attention_end(domain, token, processed, retry_at)
 
     # -- tickets follow their leases (hooks of leases.py) ----------------------------------
     async def _tickets_done(self, leases: list[Lease]) -> None:
-        for feed in {id(lease.feed): lease.feed for lease in leases}.values():
-            await feed.flush_acks()  # RabbitMQ hears the ack before the ticket goes
-        by_queue: dict[str, list[str]] = {}
+        """Acked (or dead-lettered) messages' tickets go in the background, coalesced — one
+        store call on its way at a time, what is acked meanwhile rides in the next — and
+        before a slice ends or stats are read. Until then they are leased tickets, which
+        the store counts as in flight, as the message was."""
         for lease in leases:
             assert lease.ticket is not None
-            by_queue.setdefault(tickets_of(lease.queue), []).append(lease.ticket)
-        for tq, receipts in by_queue.items():
-            try:
-                await self.store.ack(tq, receipts)
-            except Exception:  # its lease runs out; a slice then finds no message and drops it
-                log.warning("could not ack %d ticket(s) of %s", len(receipts), tq, exc_info=True)
+            self._ticket_acks.setdefault(tickets_of(lease.queue), []).append(lease.ticket)
+        if self._ticket_acker is None or self._ticket_acker.done():
+            self._ticket_acker = asyncio.create_task(self._ack_tickets(), name="fairq-tickets")
+
+    async def _ack_tickets(self) -> None:
+        while self._ticket_acks:
+            await self._flush_ticket_acks()
+
+    async def _flush_ticket_acks(self) -> None:
+        """Ack the tickets waiting for it; a caller that finds a flush on its way waits for
+        it (its tickets may be in it) before it flushes what is left."""
+        async with self._ticket_flush:
+            if not self._ticket_acks:
+                return
+            for lane in self._lanes:
+                await lane.flush_acks()  # RabbitMQ hears of the acks before their tickets go
+            pending, self._ticket_acks = self._ticket_acks, {}
+            for tq, receipts in pending.items():
+                try:
+                    await self.store.ack(tq, receipts)
+                except Exception:  # its lease runs out; a slice then finds no message for it
+                    log.warning(
+                        "could not ack %d ticket(s) of %s", len(receipts), tq, exc_info=True
+                    )
+
+    async def _flush_counts(self) -> None:
+        await self._flush_ticket_acks()
+        await super()._flush_counts()
 
     async def _ticket_back(self, lease: Lease, delay: float | None) -> None:
         assert lease.ticket is not None
@@ -515,16 +545,19 @@ class AmqpAttention(AmqpTopics):
 
     async def attention_stats(self, domain: str) -> AttentionStats:
         self._check_open()
+        await self._flush_ticket_acks()
         stats = await self.store.attention_stats(domain)
         extra = (await self.store.read_counts(f"attention:{domain}")).get("reconciled", 0)
         return replace(stats, reconciled=stats.reconciled + extra) if extra else stats
 
     async def attention_key_stats(self, domain: str, top: int) -> list[KeyStats]:
         self._check_open()
+        await self._flush_ticket_acks()
         return await self.store.attention_key_stats(domain, top)
 
     async def attention_tenant_stats(self, domain: str, top: int) -> list[TenantStats]:
         self._check_open()
+        await self._flush_ticket_acks()
         return await self.store.attention_tenant_stats(domain, top)
 
     async def attention_next(self, domain: str) -> SignalHint | None:
@@ -535,6 +568,7 @@ class AmqpAttention(AmqpTopics):
 
     async def attention_reconcile(self, domain: str) -> int:
         config = await self._domain(domain)
+        await self._flush_ticket_acks()
         direct = await self._repair_deficits(domain, config)
         n = await self.store.attention_reconcile(domain)
         if direct:
