@@ -13,7 +13,7 @@ import pytest
 
 import fairq
 from fairq.attention import Slice
-from fairq.backends.amqp.attention import MISSES, tickets_of
+from fairq.backends.amqp.tickets import MISSES, tickets_of
 from fairq.model.queues import Envelope
 from services import backend_url, drop_namespace, rabbit_vhost
 

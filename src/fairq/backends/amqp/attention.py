@@ -38,12 +38,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import secrets
-import string
 import time
 import zlib
-from collections.abc import Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -53,14 +50,12 @@ from ...errors import (
     AttentionNotFound,
     ConnectionError,
     FairqError,
-    InvalidOption,
     LeaseLost,
     QueueFull,
     QueueNotFound,
 )
 from ...message import Received
 from ...model.attention import (
-    LONGEST_KEY,
     AttentionConfig,
     AttentionStats,
     KeyStats,
@@ -68,16 +63,25 @@ from ...model.attention import (
     Slice,
     TenantStats,
 )
-from ...model.queues import MAX_RETENTION, Envelope, QueueConfig, queue_config_from_options
+from ...model.queues import Envelope, QueueConfig, queue_config_from_options
 from ..attention_policy import check_change
-from ..base import Wakeups
 from ..rules import check_priorities
 from . import topology
 from .feeds import Feed, Lease
 from .link import driver_errors
+from .tickets import (
+    MARGIN,
+    MISSES,
+    StoreWakeups,
+    due_of,
+    key_pattern,
+    store_config,
+    ticket,
+    tickets_of,
+)
 from .topics import AmqpTopics
 
-__all__ = ["MISSES", "AmqpAttention", "tickets_of"]
+__all__ = ["AmqpAttention"]
 
 log = logging.getLogger("fairq.amqp")
 
@@ -85,103 +89,12 @@ _RECORDS = "fairq.amqp"  # the idempotency namespace holding the domains' own op
 _FOREVER = 1e9  # seconds such a record is kept (it is replaced or deleted, never expires)
 _CONFIG_TTL = 2.0  # seconds a domain's options are cached
 _TICKETED_TTL = 2.0  # seconds "is this queue an attention work queue" is cached
-MARGIN = 2.0  # seconds a ticket's lease outlives its message's
-MISSES = 10  # looks that found no message for a ticket before it is dropped
 _MISS_FIRST = 0.02  # seconds a missed ticket waits before its next look, doubling
 _MISS_MOST = 2.0
 _FRESH = 1.0  # seconds after its due time a ticket's message may still be on its way
 _FRESH_WAIT = 0.1  # seconds a slice waits for such a message, looking more and more rarely
 _UNTICKET_LEASE = 5.0
 _LANES = 8  # channels that ask for attention work (a key always uses the same one)
-_RETENTION_MARGIN = 60.0
-
-
-def tickets_of(queue: str) -> str:
-    """The store's ticket queue of work queue ``queue``."""
-    return topology.RESERVED + queue
-
-
-def _ticket(due: float, delay: float = 0.0) -> Envelope:
-    return Envelope(b"%.6f" % due, {}, delay=delay)
-
-
-def _due(ticket: Received) -> float:
-    try:
-        return float(ticket.body)
-    except ValueError:
-        return ticket.enqueued_at
-
-
-def _store_config(domain: str, config: AttentionConfig) -> AttentionConfig:
-    """The store's domain: the same plans and options, the ticket queues as work queues."""
-    work = queue_config_from_options(config.queue_for(domain, "k"), dict(config.queue_options))
-    template = topology.RESERVED + config.work_queue
-    longest = template.format(domain=domain, key="k" * LONGEST_KEY)
-    if len(longest) > 200:
-        raise InvalidOption(
-            f"work_queue {config.work_queue!r} of {domain!r}: on RabbitMQ a work queue name "
-            f"must leave room for the {len(topology.RESERVED)} characters of its tickets' "
-            f"queue in the store (at most {200 - len(topology.RESERVED)} for the longest keys)"
-        )
-    options = {
-        "visibility_timeout": work.visibility_timeout + MARGIN,
-        "max_attempts": None,
-        "dead_letter": None,
-        "retention": min(MAX_RETENTION, work.retention + _RETENTION_MARGIN),
-        "dedup_window": 0.0,
-    }
-    return replace(config, work_queue=template, queue_options=options)
-
-
-def _key_pattern(domain: str, template: str) -> re.Pattern[str]:
-    """A regular expression matching the work queues of ``domain``, the key as group 1."""
-    parts = []
-    for literal, name, _, _ in string.Formatter().parse(template):
-        parts.append(re.escape(literal))
-        if name == "domain":
-            parts.append(re.escape(domain))
-        elif name == "key":
-            parts.append(rf"([A-Za-z0-9_.:-]{{1,{LONGEST_KEY}}})")
-    return re.compile("^" + "".join(parts) + "$")
-
-
-class _Wakeups(Wakeups):
-    """This backend's wake-ups, with the attention domains' (``attention:<domain>``) taken
-    from the store, which is where signals are written and where other processes' writes
-    are heard."""
-
-    def __init__(self, backend: AmqpAttention, store: Wakeups) -> None:
-        super().__init__(backend, backend.clock)
-        self._store = store
-
-    @staticmethod
-    def _theirs(name: str) -> bool:
-        return name.startswith("attention:")
-
-    def token(self, queue: str) -> asyncio.Event:
-        return self._store.token(queue) if self._theirs(queue) else super().token(queue)
-
-    def lead(self, name: str) -> asyncio.Lock:
-        return self._store.lead(name) if self._theirs(name) else super().lead(name)
-
-    def notify(self, queues: Iterable[str]) -> None:
-        mine: list[str] = []
-        theirs: list[str] = []
-        for q in queues:
-            (theirs if self._theirs(q) else mine).append(q)
-        super().notify(mine)
-        if theirs:
-            self._store.notify(theirs)
-
-    def notify_all(self) -> None:
-        super().notify_all()
-        self._store.notify_all()
-
-    async def wait(self, token: asyncio.Event, timeout: float | None) -> None:
-        if any(token is e for e in self._store._events.values()):
-            await self._store.wait(token, timeout)
-        else:
-            await super().wait(token, timeout)
 
 
 class AmqpAttention(AmqpTopics):
@@ -189,7 +102,7 @@ class AmqpAttention(AmqpTopics):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self.wakeups = _Wakeups(self, self.store.wakeups)
+        self.wakeups = StoreWakeups(self, self.store.wakeups)
         self._domains: dict[str, tuple[AttentionConfig, float]] = {}
         self._ticketed: dict[str, tuple[bool, float]] = {}
         self._slice_queues: dict[str, str] = {}  # slice token -> work queue
@@ -236,7 +149,7 @@ class AmqpAttention(AmqpTopics):
         raise ConnectionError(f"could not record the options of attention domain {domain!r}")
 
     async def declare_attention(self, domain: str, config: AttentionConfig) -> None:
-        stored = _store_config(domain, config)
+        stored = store_config(domain, config)
         try:
             old: AttentionConfig | None = await self._domain(domain, fresh=True)
         except AttentionNotFound:
@@ -289,7 +202,7 @@ class AmqpAttention(AmqpTopics):
             await self._undedup(scope, claimed)
             raise QueueFull(queue, config.max_length, "the batch is larger than max_length")
         now = self.clock.now()
-        tickets = [_ticket(now + envelopes[i].delay, envelopes[i].delay) for i in fresh]
+        tickets = [ticket(now + envelopes[i].delay, envelopes[i].delay) for i in fresh]
         try:  # the tickets and the signal first: a crash after this leaves no work unsignalled
             await self.store.attention_publish(domain, key, tickets)
             took = await self._publish_new(
@@ -328,7 +241,7 @@ class AmqpAttention(AmqpTopics):
             await super()._store_copies(queue, config, envelopes, ids)
             return
         now = self.clock.now()
-        tickets = [_ticket(now + e.delay, e.delay) for e in envelopes]
+        tickets = [ticket(now + e.delay, e.delay) for e in envelopes]
         await self.store.send(tickets_of(queue), tickets)
         took = await self._publish_new(queue, envelopes, ids)
         refused = len(took) - sum(took)
@@ -340,7 +253,7 @@ class AmqpAttention(AmqpTopics):
         for queue, n in arrived.items():
             if await self._is_ticketed(queue):
                 now = self.clock.now()
-                await self._more_tickets(queue, [_ticket(now) for _ in range(n)])
+                await self._more_tickets(queue, [ticket(now) for _ in range(n)])
 
     async def _more_tickets(self, queue: str, tickets: list[Envelope]) -> None:
         try:
@@ -401,18 +314,18 @@ class AmqpAttention(AmqpTopics):
         out: list[Received] = []
         spent: list[str] = []  # tickets whose message was dead-lettered instead
         missed: list[Received] = []
-        for i, ticket in enumerate(tickets):
+        for i, held in enumerate(tickets):
             got = await lane.get(queue)
-            if got is None and self._fresh(ticket):
+            if got is None and self._fresh(held):
                 got = await self._wait_for(lane, queue)
             if got is None:
                 missed = tickets[i:]
                 break
             received = await self._lease(lane, config, got, vt, queue)
             if received is None:
-                spent.append(ticket.receipt)
+                spent.append(held.receipt)
                 continue
-            self._leases[received.receipt].ticket = ticket.receipt
+            self._leases[received.receipt].ticket = held.receipt
             out.append(received)
         if spent:
             await self.store.ack(tq, spent)
@@ -422,7 +335,7 @@ class AmqpAttention(AmqpTopics):
 
     def _fresh(self, ticket: Received) -> bool:
         """A first look at a ticket that came due a moment ago: its publish may be on its way."""
-        return ticket.attempt == 1 and self.clock.now() - _due(ticket) < _FRESH
+        return ticket.attempt == 1 and self.clock.now() - due_of(ticket) < _FRESH
 
     async def _wait_for(self, lane: Feed, queue: str) -> Any:
         pause, waited = 0.001, 0.0
@@ -502,7 +415,7 @@ class AmqpAttention(AmqpTopics):
                 await self.store.release(tq, [lease.ticket])
             else:  # a new ticket, due with the message (and with its looks counted afresh)
                 await self.store.ack(tq, [lease.ticket])
-                await self.store.send(tq, [_ticket(self.clock.now() + delay, delay)])
+                await self.store.send(tq, [ticket(self.clock.now() + delay, delay)])
         except Exception:
             log.warning("could not put back a ticket of %s", lease.queue, exc_info=True)
 
@@ -581,7 +494,7 @@ class AmqpAttention(AmqpTopics):
         api = self._management
         if api is None:
             return 0
-        pattern = _key_pattern(domain, config.work_queue)
+        pattern = key_pattern(domain, config.work_queue)
         try:
             ready = await api.ready_queues(self.url.vhost, pattern.pattern)
         except Exception:
@@ -611,7 +524,7 @@ class AmqpAttention(AmqpTopics):
                 continue
             log.info("reconciler: %d message(s) of %s had no ticket", missing, queue)
             now = self.clock.now()
-            tickets = [_ticket(now) for _ in range(missing)]
+            tickets = [ticket(now) for _ in range(missing)]
             if covered is not None:
                 await self.store.send(tq, tickets)
                 continue
