@@ -1,4 +1,5 @@
-"""Issue 16's worker-time scenarios on Redis: ``python -m bench.attention_redis_shares``.
+"""Issue 16's worker-time scenarios on Redis, or on RabbitMQ with Redis as its store:
+``python -m bench.attention_redis_shares [--engine amqp]``.
 
 The processes and the measures are bench.contention's (a publisher process, a worker
 process of 4 slots with 1 ms handlers, tenant stats sampled once a second), pointed at a
@@ -15,15 +16,23 @@ private redis-server (no persistence, a free port of 16500-16549) instead of a S
 Each scenario runs ``--repeat`` times (default 3) on a fresh key prefix; the table gives
 the medians. Results: bench/results/attention-redis-shares.json.
 
+``--engine amqp`` runs the same on RabbitMQ (``--amqp-url``, default the local broker; a
+vhost of its own per run, made and deleted through the management API), the private
+redis-server as its ``?store=``: the work in RabbitMQ's queues, the signals, tickets and
+scheduler in Redis (docs/rabbitmq.md). The work queues share one dead-letter queue (a
+RabbitMQ queue per key is enough). Results: bench/results/attention-amqp-shares.json.
+
     python -m bench.attention_redis_shares                 # ~6 min
     python -m bench.attention_redis_shares --quick --repeat 1
     python -m bench.attention_redis_shares --url redis://127.0.0.1:6379/0   # a given Redis
+    python -m bench.attention_redis_shares --engine amqp --quick --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import secrets
 import socket
@@ -32,9 +41,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import fairq
 
@@ -65,11 +75,38 @@ def _prefixed(url: str) -> str:
     return f"{url}{sep}prefix=bench-{secrets.token_hex(4)}:"
 
 
+#: the RabbitMQ to run on with ``--engine amqp`` (None: Redis alone)
+AMQP: dict[str, str] = {}
+#: what every domain is declared with besides its plans (RabbitMQ: one shared DLQ)
+OPTIONS: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def _engine_url(redis_url: str) -> Iterator[str]:
+    """The URL of one run: a fresh key prefix on Redis; on RabbitMQ also a fresh vhost (its
+    store that Redis prefix), deleted afterwards."""
+    store = _prefixed(redis_url)
+    if not AMQP:
+        yield store
+        return
+    from fairq.backends.amqp.link import parse_url
+    from fairq.backends.amqp.management import Management
+
+    parsed = parse_url(AMQP["url"] + "?store=memory://")
+    api = Management(parsed.management or "", parsed.user, parsed.password)
+    vhost = f"fairq-bench-{secrets.token_hex(4)}"
+    api.add_vhost(vhost, parsed.user)
+    try:
+        yield f"{AMQP['url'].rstrip('/')}/{vhost}?timeout=60&store={quote(store, safe='')}"
+    finally:
+        api.delete_vhost(vhost)
+
+
 async def shares(url: str, tmp: Path, quick: bool, capped: bool, charge: str) -> dict[str, Any]:
     """bench.contention.shares on ``url``: the backlogs first, then the workers; worker
     time by the backend's tenant stats over a window that starts 2 s in."""
     plans = {"basic": fairq.Plan(WORKERS, 50, 20.0), "one": fairq.Plan(1, 50, 20.0)}
-    await declare(url, "ab", plans, charge=charge)
+    await declare(url, "ab", plans, charge=charge, **OPTIONS)
     window = 5.0 if quick else 10.0
     deep, keys = (30_000, 1_000) if quick else (60_000, 2_000)
     spec = {
@@ -118,7 +155,9 @@ async def shares(url: str, tmp: Path, quick: bool, capped: bool, charge: str) ->
 async def rate2(url: str, tmp: Path, quick: bool) -> dict[str, Any]:
     """bench.contention.rate2 on ``url``."""
     n, rate = (200, 20.0) if quick else (2_000, 20.0)
-    await declare(url, "limited", {"basic": fairq.Plan(1, 100, 20.0, rate=rate, burst=1.0)})
+    await declare(
+        url, "limited", {"basic": fairq.Plan(1, 100, 20.0, rate=rate, burst=1.0)}, **OPTIONS
+    )
     outs = [tmp / f"w{i}.json" for i in range(2)]
     spec = json.dumps({"slots": 2, "domain": "limited", "seconds": 0})
     workers = [spawn("work", url, spec, str(o)) for o in outs]
@@ -147,8 +186,7 @@ async def rate2(url: str, tmp: Path, quick: bool) -> dict[str, Any]:
 
 
 async def one(name: str, base: str, quick: bool) -> dict[str, Any]:
-    url = _prefixed(base)
-    with tempfile.TemporaryDirectory() as d:
+    with _engine_url(base) as url, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if name == "rate2":
             return await rate2(url, tmp, quick)
@@ -236,7 +274,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--url", help="a Redis to use (default: a private redis-server)")
+    parser.add_argument("--engine", choices=("redis", "amqp"), default="redis")
+    parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672")
     args = parser.parse_args(argv)
+    if args.engine == "amqp":
+        AMQP["url"] = args.amqp_url
+        OPTIONS["queue_options"] = {"dead_letter": "bench.dlq"}
     names = [n for n in args.only.split(",") if n]
     for n in names:
         if n not in SCENARIOS:
@@ -257,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     entry = {
         "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "wall_s": round(time.time() - started, 1),
+        "engine": args.engine,
         "redis": "private redis-server" if server is not None else "given URL",
         "repeat": args.repeat,
         "quick": args.quick,
@@ -264,9 +308,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "checks": [{"text": t, "holds": ok} for t, ok in checks(results["medians"])],
     }
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / (
-        "attention-redis-shares-quick.json" if args.quick else "attention-redis-shares.json"
-    )
+    stem = "attention-amqp-shares" if args.engine == "amqp" else "attention-redis-shares"
+    path = RESULTS / (f"{stem}-quick.json" if args.quick else f"{stem}.json")
     path.write_text(json.dumps(entry, indent=2))
     for c in entry["checks"]:
         print(("holds " if c["holds"] else "FAILS ") + c["text"])

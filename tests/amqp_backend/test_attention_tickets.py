@@ -134,3 +134,38 @@ async def test_a_ticket_without_its_message_is_dropped(broker: fairq.Broker) -> 
     assert looks == MISSES - 1, "the slice that handled 'real' looked once already"
     st = await a.stats()
     assert (st.signals_pending, st.slices, st.processed) == (0, 0, 1)
+
+
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+async def test_work_queues_are_classic_unless_asked(url: str, kind: str) -> None:
+    from services import rabbit_management
+
+    option = "" if kind == "classic" else "&attention_queues=quorum"
+    async with await fairq.connect(url + option) as broker:
+        a = await broker.declare_attention("market", queue_options={"max_attempts": 2})
+        await a.publish("k", b"x")
+        await broker.declare_queue("plain")
+        vhost = url.split("/")[3].split("?")[0]
+        api = rabbit_management()
+        types = {
+            q["name"]: q["type"]
+            for q in api.call("GET", f"/queues/{vhost}?columns=name,type")
+            if not q["name"].startswith("fairq/")
+        }
+        assert types == {
+            "process.market.k.work": kind,
+            "process.market.k.work.dlq": kind,
+            "plain": "quorum",
+            "plain.dlq": "quorum",
+        }
+        # attempts count on either: a nack brings the message back as attempt 2, then the
+        # dead-letter queue takes it
+        for attempt in (1, 2):
+            s = await a._take(0)
+            assert s is not None
+            (m,), _ = await a._receive(s, 1, None)
+            assert m.attempt == attempt
+            await m.nack()
+            await a._end(s, 0, None)
+        assert (await broker.queue("process.market.k.work.dlq").stats()).visible == 1
+        assert await a._take(0) is None

@@ -185,9 +185,16 @@ class AmqpAttention(AmqpTopics):
             return name, await self._config(name)
         except QueueNotFound:
             qconfig = queue_config_from_options(name, dict(config.queue_options))
+            self._ticketed[name] = (True, time.monotonic())  # before: it is a classic queue
             await self.declare_queue(name, qconfig)
-            self._ticketed[name] = (True, time.monotonic())
             return name, qconfig
+
+    async def _classic(self, name: str) -> bool:
+        """Attention work queues are classic queues unless ``?attention_queues=quorum``: a
+        domain has a queue per key, and a quorum queue is a Raft group that every publisher
+        channel registers with (and deregisters from, one log write each, when it closes)
+        and that answers each ``basic.get`` through its log (docs/rabbitmq.md)."""
+        return self.url.attention_queues == "classic" and await self._is_ticketed(name)
 
     # -- publishing ------------------------------------------------------------------------
     async def attention_publish(

@@ -79,9 +79,9 @@ class AmqpLeases(AmqpCore):
         props = delivered.header.properties
         headers = dict(props.headers or {})
         prior = int(headers.get(PRIOR, 0))
-        if topology.quorum(config):
-            returned = int(headers.get("x-delivery-count", 0))
-        else:
+        if "x-delivery-count" in headers:  # a quorum queue counts every return
+            returned = int(headers["x-delivery-count"])
+        else:  # a first delivery, or a classic queue's "returned at least once"
             returned = 1 if delivered.delivery.redelivered else 0
         attempt = prior + returned + 1
         mid = props.message_id or self._new_id()
@@ -208,7 +208,7 @@ class AmqpLeases(AmqpCore):
         else:
             if delay > 0:
                 await self._copy(lease, lease.queue, lease.attempt, delay)
-            elif topology.quorum(config):
+            elif topology.quorum(config) and not await self._classic(lease.queue):
                 lease.feed.returns(lease.message_id)
                 await self._settle(lease, "nack", requeue=True)  # to the tail, delivery count + 1
             else:
@@ -368,7 +368,6 @@ class AmqpLeases(AmqpCore):
             held = await feed.stop()
             if not held or not feed.live():
                 continue
-            config = await self._config(feed.queue)
             for delivered in held:
                 headers = dict(delivered.header.properties.headers or {})
                 lease = Lease(
@@ -384,9 +383,7 @@ class AmqpLeases(AmqpCore):
                     0.0,
                     0.0,
                 )
-                prior = int(headers.get(PRIOR, 0))
-                if topology.quorum(config):
-                    prior += int(headers.get("x-delivery-count", 0))
+                prior = int(headers.get(PRIOR, 0)) + int(headers.get("x-delivery-count", 0))
                 await self._copy(lease, feed.queue, prior, 0.0)
 
     async def next_due(self) -> float | None:

@@ -75,8 +75,8 @@ class AmqpQueues(AmqpLeases):
         await self.link.close()
         await self.store.close()
 
-    async def _declare_rabbit(self, name: str, config: QueueConfig) -> None:
-        args = topology.queue_arguments(name, config)
+    async def _declare_rabbit(self, name: str, config: QueueConfig, classic: bool) -> None:
+        args = topology.queue_arguments(name, config, classic)
         admin = await self.link.channel("admin")
         try:
             with driver_errors(f"declaring queue {name!r}", self.url.masked):
@@ -104,6 +104,7 @@ class AmqpQueues(AmqpLeases):
     async def _prepare_queue(self, name: str, config: QueueConfig) -> None:
         """The RabbitMQ side of declaring a queue (the store registers it after)."""
         self._check_open()
+        classic = await self._classic(name)
         if name.startswith(topology.RESERVED):
             raise InvalidName(
                 f"queue {name!r}: names starting with {topology.RESERVED!r} are fairq's own on "
@@ -115,19 +116,20 @@ class AmqpQueues(AmqpLeases):
             old = None
         if old is not None:
             old.check_change(name, config)
-            if topology.queue_arguments(name, old) != topology.queue_arguments(name, config):
+            before = topology.queue_arguments(name, old, classic)
+            if before != topology.queue_arguments(name, config, classic):
                 raise Unsupported(
                     f"queue {name!r}: retention, max_length and overflow are RabbitMQ queue "
                     "arguments, fixed when the queue is declared; delete the queue and declare "
                     "it again (capability 'queues.change_arguments')"
                 )
-        await self._declare_rabbit(name, config)
+        await self._declare_rabbit(name, config, classic)
         dlq = config.dead_letter
         if dlq is not None:
             try:
                 await self.store.queue_config(dlq)
             except QueueNotFound:
-                await self._declare_rabbit(dlq, QueueConfig.for_dead_letters())
+                await self._declare_rabbit(dlq, QueueConfig.for_dead_letters(), classic)
         await self._bind_dead_letters(name, old.dead_letter if old else None, dlq)
 
     def _declared(self, name: str, config: QueueConfig) -> None:

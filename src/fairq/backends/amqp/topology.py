@@ -67,8 +67,9 @@ def quorum(config: QueueConfig) -> bool:
     return config.max_priority == 0 and config.max_length is None
 
 
-def queue_arguments(name: str, config: QueueConfig) -> dict[str, Any]:
-    """The ``queue.declare`` arguments of fairq queue ``name``."""
+def queue_arguments(name: str, config: QueueConfig, classic: bool = False) -> dict[str, Any]:
+    """The ``queue.declare`` arguments of fairq queue ``name`` (a classic queue whatever
+    its options with ``classic``: an attention work queue and its dead-letter queue)."""
     if config.fifo:
         raise Unsupported(
             "FIFO groups (fifo=True) are not available on RabbitMQ: one queue delivers to "
@@ -90,7 +91,7 @@ def queue_arguments(name: str, config: QueueConfig) -> dict[str, Any]:
         "x-dead-letter-exchange": DLX,
         "x-dead-letter-routing-key": name,
     }
-    if quorum(config):
+    if quorum(config) and not classic:
         args["x-queue-type"] = "quorum"
     else:
         args["x-queue-type"] = "classic"
