@@ -93,7 +93,7 @@ def _engine_url(redis_url: str) -> Iterator[str]:
     from fairq.backends.amqp.management import Management
 
     parsed = parse_url(AMQP["url"] + "?store=memory://")
-    api = Management(parsed.management or "", parsed.user, parsed.password)
+    api = Management(parsed.management or "", parsed.user, parsed.password, timeout=600.0)
     vhost = f"fairq-bench-{secrets.token_hex(4)}"
     api.add_vhost(vhost, parsed.user)
     try:

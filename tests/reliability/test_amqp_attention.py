@@ -8,7 +8,9 @@ in RabbitMQ, its tickets and signals in the store (``backends/amqp/attention.py`
   between a redrive's publish and its tickets) is found by the reconciler through the
   management API, without a look at the other keys' queues;
 * an attention worker killed mid-slice leaves few tickets leased, and a new worker handles
-  every message: none lost.
+  every message: none lost;
+* a running attention worker whose connection drops mid-slice carries on, and every
+  message is handled (those whose acks went down with the connection come back).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_amqp import _close_my_connection
 from test_crash import read_line, spawn
 
 import fairq
@@ -35,7 +38,8 @@ def amqp_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A vhost of this test's own on the shared broker; the store on Redis or SQLite."""
     with rabbit_vhost() as vhost:
         store = backend_url(request.param, tmp_path, vhost)
-        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}?store={store}"
+        name = f"fairq-test-{uuid.uuid4().hex[:8]}"
+        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}?store={store}&name={name}"
         drop_namespace(store)
 
 
@@ -179,3 +183,54 @@ async def test_a_killed_attention_worker_loses_nothing(amqp_url: str) -> None:
             mine = sorted(int(b.split(b"-")[1]) for b in handled if b.startswith(b"%d-" % k))
             if mine:
                 assert mine == list(range(mine[0], per_key)), f"store-{k}: a gap in {mine}"
+
+
+async def test_an_attention_worker_survives_a_dropped_connection(amqp_url: str) -> None:
+    keys, per_key = 4, 100
+    async with await fairq.connect(amqp_url) as broker:
+        a = await broker.declare_attention(
+            "market",
+            plans={"basic": fairq.Plan(1, 20, 20.0)},
+            queue_options={"visibility_timeout": 3.0},
+        )
+        for k in range(keys):
+            await a.publish_batch(f"s{k}", [fairq.Outgoing(f"{k}-{i}") for i in range(per_key)])
+        handled: Counter[bytes] = Counter()
+        dropped = asyncio.Event()
+        worker = fairq.Worker(broker, concurrency=4, handle_signals=False, poll_wait=0.2)
+
+        @worker.attention("market", reconcile_interval=3600)
+        async def handle(msg: fairq.Received) -> None:
+            handled[msg.body] += 1
+            await asyncio.sleep(0.005)
+
+        task = asyncio.create_task(worker.run())
+        try:
+            while sum(handled.values()) < 100:  # noqa: ASYNC110 - the test's progress poll
+                await asyncio.sleep(0.05)
+            await _close_my_connection(amqp_url)  # mid-slice: 4 slices run
+            dropped.set()
+            deadline = time.monotonic() + 60
+
+            async def left() -> int:
+                return sum(k.backlog + k.in_flight for k in await a.key_stats(top=keys))
+
+            # every message handled; every ticket gone (those whose message's ack went down
+            # with the connection come back with it, or are found empty and dropped)
+            while len(handled) < keys * per_key or await left():
+                assert time.monotonic() < deadline, f"{len(handled)} handled, {await left()}"
+                await asyncio.sleep(0.2)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 15)
+        assert not task.exception()
+        assert dropped.is_set()
+        for k in range(keys):
+            for _ in range(100):  # a loaded machine may miss a heartbeat: reconnecting again
+                try:
+                    assert (await (await a.queue(f"s{k}")).stats()).visible == 0
+                    break
+                except fairq.ConnectionError:
+                    await asyncio.sleep(0.2)
+            else:
+                raise AssertionError("the broker did not reconnect")

@@ -106,7 +106,8 @@ class AmqpAttention(AmqpTopics):
         self._domains: dict[str, tuple[AttentionConfig, float]] = {}
         self._ticketed: dict[str, tuple[bool, float]] = {}
         self._slice_queues: dict[str, str] = {}  # slice token -> work queue
-        self._ticket_acks: dict[str, list[str]] = {}  # ticket queue -> receipts to ack
+        #: ticket queue -> (receipt, the lane its message was acked on, its generation)
+        self._ticket_acks: dict[str, list[tuple[str, Feed, int]]] = {}
         self._ticket_flush = asyncio.Lock()
         self._ticket_acker: asyncio.Task[None] | None = None
         self._lanes: list[Feed] = []
@@ -385,7 +386,8 @@ class AmqpAttention(AmqpTopics):
         the store counts as in flight, as the message was."""
         for lease in leases:
             assert lease.ticket is not None
-            self._ticket_acks.setdefault(tickets_of(lease.queue), []).append(lease.ticket)
+            entry = (lease.ticket, lease.feed, lease.generation)
+            self._ticket_acks.setdefault(tickets_of(lease.queue), []).append(entry)
         if self._ticket_acker is None or self._ticket_acker.done():
             self._ticket_acker = asyncio.create_task(self._ack_tickets(), name="fairq-tickets")
 
@@ -394,15 +396,27 @@ class AmqpAttention(AmqpTopics):
             await self._flush_ticket_acks()
 
     async def _flush_ticket_acks(self) -> None:
-        """Ack the tickets waiting for it; a caller that finds a flush on its way waits for
-        it (its tickets may be in it) before it flushes what is left."""
+        """Ack the tickets waiting for it, once RabbitMQ has certainly taken their messages'
+        acks: the acks are sent, then a round trip on the same channel (``basic.qos``)
+        returns only after the broker has processed what came before it. A message whose
+        ack went down with its channel comes back to RabbitMQ, and its ticket stays
+        (leased, then visible) to be found with it. A caller that finds a flush on its way
+        waits for it (its tickets may be in it) before it flushes what is left."""
         async with self._ticket_flush:
             if not self._ticket_acks:
                 return
-            for lane in self._lanes:
-                await lane.flush_acks()  # RabbitMQ hears of the acks before their tickets go
             pending, self._ticket_acks = self._ticket_acks, {}
-            for tq, receipts in pending.items():
+            lanes = {id(lane): lane for entries in pending.values() for _, lane, _ in entries}
+            taken: set[int] = set()
+            for key, lane in lanes.items():
+                if await lane.sync_acks():
+                    taken.add(key)
+            for tq, entries in pending.items():
+                receipts = [
+                    r for r, lane, g in entries if id(lane) in taken and g == lane.generation
+                ]
+                if not receipts:
+                    continue
                 try:
                     await self.store.ack(tq, receipts)
                 except Exception:  # its lease runs out; a slice then finds no message for it

@@ -210,6 +210,21 @@ class Feed:
         except Exception:  # the channel closed: the broker gives those deliveries back
             log.debug("acks on %s were not sent", self.queue, exc_info=True)
 
+    async def sync_acks(self) -> bool:
+        """Send the acks asked for, then make a round trip on the channel: True once the
+        broker has processed them (its answer comes after them), False if the channel went
+        away (the broker returns their messages to their queues)."""
+        await self.flush_acks()
+        ch = self.channel
+        if ch is None or not self.live():
+            return False
+        try:
+            await ch.basic_qos(prefetch_count=self.prefetch)
+        except Exception:
+            log.debug("the channel of %s went away before its acks were confirmed", self.queue)
+            return False
+        return self.live()
+
     async def stop(self) -> list[Delivered]:
         """Stop consuming; return what was held (still unacked on the channel)."""
         held = list(self.held)
