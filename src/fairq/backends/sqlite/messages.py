@@ -39,6 +39,12 @@ SELECT_READY = (
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
 )
 _SWEEP_BATCH = 1000
+# a queue's visible messages as SQL, for reads over many queues (``q`` is its fairq_queues
+# row): the stored count plus the messages stored since it was last folded (Txn.fold)
+VISIBLE = (
+    "(q.visible + (SELECT count(*) FROM fairq_messages m "
+    "WHERE m.queue_id = q.id AND m.id > q.sent_upto))"
+)
 
 
 def leased(r: Row, until: float, lease: int) -> Row:
@@ -75,7 +81,7 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
     qid = q.id
     ids = t.allocate(len(items), stored=True)
     rows = []
-    visible = delayed = 0
+    delayed = 0
     if not q.config.fifo:
         for mid, (body, attrs, delay, prio, grp) in zip(ids, items, strict=True):
             if delay > 0:
@@ -84,7 +90,6 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
                 t.waiting_until(now + delay)
             else:
                 rows.append((mid, qid, READY, prio, now, 0, None, grp, None, body, attrs))
-                visible += 1
     else:
         conn = t.conn
         headed: dict[str, bool] = {}
@@ -100,7 +105,6 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
                 )
             if has_head:
                 rows.append((mid, qid, BLOCKED, prio, now + delay, 0, None, grp, None, body, attrs))
-                visible += 1
             else:
                 conn.execute(
                     "INSERT INTO fairq_fifo_heads (queue_id, grp, msg_id) VALUES (?, ?, ?)",
@@ -114,11 +118,13 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
                     t.waiting_until(now + delay)
                 else:
                     rows.append((mid, qid, READY, prio, now, 0, None, grp, None, body, attrs))
-                    visible += 1
             headed[grp] = True
-    t.add(qid, "visible", visible)
-    t.add(qid, "delayed", delayed)
-    t.add(qid, "sent", len(rows))
+    # sent and visible count the new rows later (Txn.fold); a delayed one is not visible
+    if delayed:
+        t.add(qid, "delayed", delayed)
+        t.add(qid, "visible", -delayed)
+    if rows:
+        t.stored(qid, len(rows), ids[-1])
     t.op_notify.add(q.name)
     return list(ids), rows
 
@@ -178,6 +184,7 @@ def unref_queue(t: Txn, q: QueueRow) -> None:
 def delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     """Delete messages of ``q`` (any state), keeping counts, FIFO heads and shared bodies
     right."""
+    t.fold(q.id)  # the rows about to go are counted as sent first
     for chunk in chunks([r[ID] for r in rows]):
         t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk)
     deleted(t, q, rows)
@@ -341,6 +348,7 @@ def take_leases(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[list[Row]
     RETURNING`` per lease token, no read first); return their rows (without body and
     attributes) and the receipts that named no current lease. The caller calls
     :func:`deleted` with the rows."""
+    t.fold(q.id)  # the rows about to go are counted as sent first
     parsed = [parse_receipt(r) for r in receipts]
     by_lease: dict[int, list[int]] = {}
     for mid, lease in parsed:
@@ -384,6 +392,7 @@ def make_room(t: Txn, q: QueueRow, n: int) -> None:
         return
     if n > cfg.max_length:
         raise QueueFull(q.name, cfg.max_length, "the batch is larger than max_length")
+    t.fold(q.id)
     t.flush()
     (depth,) = t.conn.execute(
         "SELECT visible + delayed + in_flight FROM fairq_queues WHERE id = ?", (q.id,)
@@ -453,9 +462,10 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
                 delayed += 1
             else:
                 rows.append((next(ids), qid, READY, 0, now, 0, None, None, ref, body, blobs[i]))
-        t.add(qid, "visible", len(indices) - delayed)
-        t.add(qid, "delayed", delayed)
-        t.add(qid, "sent", len(indices))
+        if delayed:  # sent and visible count the copies later (Txn.fold)
+            t.add(qid, "delayed", delayed)
+            t.add(qid, "visible", -delayed)
+        t.stored(qid, len(indices), rows[-1][ID])
         t.op_notify.add(q.name)
     t.conn.executemany(_INSERT, rows)
 

@@ -253,6 +253,7 @@ def dead_letter(t: Txn, name: str, receipt: str, reason: str) -> None:
 def stats(t: Txn, name: str) -> QueueStats:
     q = t.queue(name)
     expire_old(t, q)
+    t.fold(q.id)
     t.flush()
     row = t.conn.execute(
         "SELECT visible, delayed, in_flight, "
@@ -283,6 +284,7 @@ def stats(t: Txn, name: str) -> QueueStats:
 def purge(t: Txn, name: str) -> int:
     q = t.queue(name)
     conn = t.conn
+    t.fold(q.id)  # what is purged was sent
     unref_queue(t, q)
     n = conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,)).rowcount
     t.deleted(None)
