@@ -74,6 +74,22 @@ def insert(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
     return ids
 
 
+_INSERT_ONE = (
+    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
+    "VALUES (?, ?, 0, 0, ?, 0, ?, ?)"
+)
+
+
+def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
+    """Store one visible message of priority 0 in ``q`` (not FIFO): the common send, with
+    nothing to decide; return its id."""
+    (mid,) = t.allocate(1, stored=True)
+    t.conn.execute(_INSERT_ONE, (mid, q.id, t.now, body, attrs))
+    t.stored(q.id, 1, mid)
+    t.op_notify.add(q.name)
+    return mid
+
+
 def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], list[Row]]:
     """The rows of new messages for ``q`` (FIFO heads and counters already updated); the
     caller inserts them, so copies for many queues can go in one statement."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import orjson
 
 from ...errors import LeaseLost
-from ...message import Received, new_lease
+from ...message import Received, format_id, new_lease
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..rules import (
     check_priorities,
@@ -37,6 +37,7 @@ from .messages import (
     deleted,
     expire_old,
     insert,
+    insert_one,
     leased,
     make_room,
     oldest_age,
@@ -89,6 +90,10 @@ def delete_queue(t: Txn, name: str) -> bool:
 def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
     q = t.queue(name)
     cfg = q.config
+    if len(envs) == 1 and cfg.max_length is None and not cfg.fifo:
+        env = envs[0]
+        if env.dedup_id is None and not env.delay and not env.priority:
+            return [format_id(insert_one(t, q, env.body, blob_of(env.attributes)))]
     now = t.now
     conn = t.conn
     check_priorities(name, envs, cfg.max_priority)
