@@ -35,7 +35,9 @@ _INSERT = (
     "body_ref, body, attrs) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 )
 SELECT_READY = (
-    "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state = 0 "
+    "SELECT id, priority, attempt, grp, "
+    "coalesce(body, (SELECT body FROM fairq_bodies WHERE id = body_ref)), attrs "
+    "FROM fairq_messages WHERE queue_id = ? AND state = 0 "
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
 )
 _SWEEP_BATCH = 1000
@@ -47,9 +49,14 @@ VISIBLE = (
 )
 
 
-def leased(r: Row, until: float, lease: int) -> Row:
-    """Row ``r`` as it is once leased until ``until`` under ``lease``."""
-    return (*r[:2], WAITING, r[3], until, r[ATTEMPT] + 1, lease, *r[7:])
+def rows_by_id(t: Txn, ids: Sequence[int]) -> list[Row]:
+    """The whole rows (``COLS``) of these messages."""
+    rows: list[Row] = []
+    for chunk in chunks(ids):
+        rows += t.conn.execute(
+            f"SELECT {COLS} FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk
+        )
+    return rows
 
 
 def attrs_of(blob: bytes | None) -> dict[str, str]:
@@ -66,6 +73,8 @@ Item = tuple[bytes, bytes | None, float, int, str | None]  # body, attrs blob, d
 
 def insert(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
     """Store new messages in ``q``; return their ids."""
+    if not q.config.fifo and all(not it[2] and it[4] is None for it in items):
+        return insert_plain(t, q, items)
     ids, rows = rows_for(t, q, items)
     if len(rows) == 1:
         t.conn.execute(_INSERT, rows[0])
@@ -78,6 +87,30 @@ _INSERT_ONE = (
     "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
     "VALUES (?, ?, 0, 0, ?, 0, ?, ?)"
 )
+# the columns a visible message without a group sets (fewer parameters to bind per row)
+_INSERT_PLAIN = (
+    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
+    "VALUES (?, ?, 0, ?, ?, 0, ?, ?)"
+)
+
+
+def insert_plain(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
+    """Store visible messages without a group (no delay) in ``q`` (not FIFO)."""
+    ids = t.allocate(len(items), stored=True)
+    now = t.now
+    qid = q.id
+    rows = [
+        (mid, qid, prio, now, body, attrs)
+        for mid, (body, attrs, _, prio, _) in zip(ids, items, strict=True)
+    ]
+    if len(rows) == 1:
+        t.conn.execute(_INSERT_PLAIN, rows[0])
+    else:
+        t.conn.executemany(_INSERT_PLAIN, rows)
+    if rows:
+        t.stored(qid, len(rows), ids[-1])
+    t.op_notify.add(q.name)
+    return list(ids)
 
 
 def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
@@ -206,26 +239,30 @@ def delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     deleted(t, q, rows)
 
 
-def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
-    """Messages of ``q`` were just deleted: keep counts, FIFO heads and shared bodies right."""
+def deleted(t: Txn, q: QueueRow, rows: Sequence[Row], leased: bool = False) -> None:
+    """Messages of ``q`` were just deleted: keep counts, FIFO heads and shared bodies right.
+    ``leased``: every row was in flight (an ack)."""
     if not rows:
         return
     t.deleted(max(r[ID] for r in rows))
     refs = [r[BODY_REF] for r in rows if r[BODY_REF] is not None]
     if refs:
         unref_bodies(t, Counter(refs))
-    visible = delayed = in_flight = 0
-    for r in rows:
-        if r[STATE] != WAITING:
-            visible -= 1
-        elif r[LEASE] is None:
-            delayed -= 1
-        else:
-            in_flight -= 1
     qid = q.id
-    t.add(qid, "visible", visible)
-    t.add(qid, "delayed", delayed)
-    t.add(qid, "in_flight", in_flight)
+    if leased:
+        t.add(qid, "in_flight", -len(rows))
+    else:
+        visible = delayed = in_flight = 0
+        for r in rows:
+            if r[STATE] != WAITING:
+                visible -= 1
+            elif r[LEASE] is None:
+                delayed -= 1
+            else:
+                in_flight -= 1
+        t.add(qid, "visible", visible)
+        t.add(qid, "delayed", delayed)
+        t.add(qid, "in_flight", in_flight)
     if q.config.fifo:
         for r in rows:
             if r[STATE] != BLOCKED and r[GRP] is not None:
