@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 import fairq
 
 
@@ -40,6 +42,8 @@ async def test_counts_are_exact_across_two_processes_on_one_file(tmp_path: Path)
 
 _SENDER = """
 import asyncio, os, sys
+import pytest
+
 import fairq
 
 async def main():
@@ -96,3 +100,29 @@ async def test_messages_counted_later_are_counted_however_they_leave(tmp_path: P
         assert (await dlq.stats()).sent == 1
         assert await broker.redrive("t.a.dlq") == 1
         assert ((await dlq.stats()).depth, (await sub.stats()).sent) == (0, 3)
+
+
+async def test_a_receive_after_an_empty_one_reads_without_the_write_lock(tmp_path: Path) -> None:
+    """A long poll's retries (and an idle worker's) read whether anything is there before
+    they take the write lock, so they do not take turns with a producer's commits; what
+    another process sends, or what comes due, is still received."""
+    url = _url(tmp_path / "f.db")
+    async with await fairq.connect(url) as a, await fairq.connect(url) as b:
+        qa = await a.declare_queue("q")
+        qb = b.queue("q")
+        writer = b.backend._writer  # type: ignore[attr-defined]
+        assert await qb.receive() == []
+        before = writer.commits
+        for _ in range(5):
+            assert await qb.receive() == []
+        assert writer.commits == before, "an empty queue was polled in write transactions"
+        await qa.send("from a")
+        (m,) = await qb.receive()
+        assert m.body == b"from a"
+        await m.nack(delay=0.05)  # comes due: the read sees it due and leaves it to the sweep
+        assert await qb.receive() == []
+        await asyncio.sleep(0.1)
+        (again,) = await qb.receive()
+        assert again.id == m.id and again.attempt == 2
+        with pytest.raises(fairq.QueueNotFound):
+            await b.queue("never-declared").receive()
