@@ -20,7 +20,8 @@ from collections.abc import Callable
 from ..attention import Slice
 from ..errors import ConnectionError, FairqError, InvalidOption, LeaseLost
 from ..message import Received, check_name
-from .runtime import Backoff, Handler, Runtime, _Consumer, _Running, _SliceRun, queue_of
+from .parts import Backoff, Handler, _Consumer, _Running, _SliceRun, queue_of
+from .runtime import Runtime
 
 log = logging.getLogger("fairq.worker")
 
