@@ -456,6 +456,20 @@ local function lease_messages(q, n, vt, lease)
   return out
 end
 
+-- end the current leases of ids (from current()) at once, the delivery not counted as an
+-- attempt
+local function release_messages(q, ids)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', q.l, id); redis.call('HDEL', q.k, id)
+    if redis.call('HINCRBY', q.a, id, -1) <= 0 then redis.call('HDEL', q.a, id) end
+    local prio = 0
+    if q.maxp > 0 then local rec = record(q, id); prio = tonumber(rec and rec.p or 0) end
+    redis.call('ZADD', q.r, ready_score(q, prio, NOW), id)
+    wake(q.name)
+  end
+  if #ids > 0 then touch(q) end
+end
+
 -- ack the current leases of ids (from current()): one command per structure when nothing
 -- per message is needed (no FIFO group to advance, no shared body to release)
 local function ack_messages(q, ids)
