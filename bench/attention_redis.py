@@ -12,6 +12,11 @@ On a private redis-server (no persistence, a free port of 16400-16499):
    commands Redis ran meanwhile (``INFO commandstats``) divided by the keys — 0 per key
    is the goal (no polling of work queues).
 
+``--shards N`` declares the domain with ``shards=N`` (work queues
+``{domain}-{shard}.{key}.work``). The drain also reports the scripts Redis ran per message
+(``EVALSHA`` in ``INFO commandstats``): a small key's one message is one slice, a take
+and an end.
+
 ``--drain-seconds T`` bounds step 3 (at 1,000,000 keys a full drain takes hours on a
 small machine): the worker runs for T seconds and the rates and the small/noisy split of
 what it served are reported; steps 4 and the after-drain memory are then skipped.
@@ -67,6 +72,11 @@ def _commands(r: redis.Redis) -> int:
     return sum(int(v["calls"]) for v in r.info("commandstats").values())
 
 
+def _scripts(r: redis.Redis) -> int:
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
+
+
 async def _run(
     url: str,
     r: redis.Redis,
@@ -75,12 +85,22 @@ async def _run(
     idle_seconds: float,
     drain_seconds: float | None = None,
     publishers: int = 1,
+    shards: int = 1,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"keys": keys, "noisy": noisy, "drain_bound_s": drain_seconds}
+    out: dict[str, Any] = {
+        "keys": keys,
+        "noisy": noisy,
+        "drain_bound_s": drain_seconds,
+        "shards": shards,
+    }
     async with await fairq.connect(url) as broker:
         plans = {"basic": fairq.Plan(max_concurrency=2, max_messages=50, max_time=5.0)}
+        sharded: dict[str, Any] = {"shards": shards} if shards > 1 else {}
         market = await broker.declare_attention(
-            "market", plans=plans, work_queue="{domain}.{key}.work"
+            "market",
+            plans=plans,
+            work_queue="{domain}-{shard}.{key}.work" if shards > 1 else "{domain}.{key}.work",
+            **sharded,
         )
         base = int(r.info("memory")["used_memory"])
         sem = asyncio.Semaphore(64)
@@ -139,6 +159,7 @@ async def _run(
             if count >= total:
                 done.set()
 
+        scripts_before = _scripts(r)
         task = asyncio.create_task(worker.run())
         try:
             await asyncio.wait_for(done.wait(), drain_seconds or 3600)
@@ -146,11 +167,13 @@ async def _run(
             if drain_seconds is None:
                 raise
         seconds = time.perf_counter() - t_start
+        scripts = _scripts(r) - scripts_before
         stats = await market.stats()
+        out["scripts"] = scripts
+        out["scripts_per_message"] = scripts / max(1, count)
         out["drain_seconds"] = seconds
         out["served"] = count
         out["messages_per_s"] = count / seconds
-        out["slices_per_s"] = stats.slices / seconds if stats.slices else None
         out["processed"] = stats.processed
         out["small_served"] = keys - small_left
         out["noisy_served"] = noisy - noisy_left
@@ -162,11 +185,18 @@ async def _run(
             return out
         await asyncio.sleep(2.0)  # the last slices end
         before = _commands(r)
+        before_by = r.info("commandstats")
         await asyncio.sleep(idle_seconds)
         idle = _commands(r) - before
+        after_by = r.info("commandstats")
         out["idle_seconds"] = idle_seconds
         out["idle_commands"] = idle
         out["idle_commands_per_key"] = idle / (keys + 1)
+        out["idle_by_command"] = {
+            k.removeprefix("cmdstat_"): int(v["calls"]) - int(before_by.get(k, {}).get("calls", 0))
+            for k, v in after_by.items()
+            if int(v["calls"]) != int(before_by.get(k, {}).get("calls", 0))
+        }
         worker.stop()
         await task
         out["after_drain_bytes_per_key"] = (int(r.info("memory")["used_memory"]) - base) / keys
@@ -182,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-config", default="", help='e.g. "stream-node-max-bytes 512"')
     p.add_argument("--out", default="attention-redis.json")
     p.add_argument("--publishers", type=int, default=1, help="publisher processes")
+    p.add_argument("--shards", type=int, default=1, help="shards of the domain")
     a = p.parse_args(argv)
     extra = [f"--{w}" if i % 2 == 0 else w for i, w in enumerate(a.redis_config.split())]
     server = RedisServer(
@@ -199,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.idle_seconds,
                 a.drain_seconds,
                 a.publishers,
+                a.shards,
             )
         )
         doc["redis_config"] = a.redis_config

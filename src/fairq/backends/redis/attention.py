@@ -472,13 +472,13 @@ class RedisAttention(AttentionReads):
         _, sh = await self._domain(domain)
         total = 0
         for shard in range(len(sh.ids)):
-            cursor = 0
-            while cursor >= 0:
-                n, cursor, dues = await self._att(
-                    "attention_reconcile", domain, shard, str(cursor), str(self.RECONCILE_CHUNK)
+            cursor = "0"
+            while cursor != "-1":
+                n, nxt, dues = await self._att(
+                    "attention_reconcile", domain, shard, cursor, str(self.RECONCILE_CHUNK)
                 )
                 self._scheduled.add(domain, dues, self.clock.now())
                 total += int(n)
-                cursor = int(cursor)
+                cursor = str(nxt) if isinstance(nxt, int) else _text(nxt)
             sh.changed(shard)
         return total

@@ -1,20 +1,22 @@
 -- attention_reconcile: signal every active key with backlog, no pending signal and no
--- running slice (a lost signal, e.g. work sent to the queue past the attention API; SPEC
--- §5 rule 7). The keys are visited in slices of the key index so no call blocks Redis
--- for long; each key's check and signal is one step.
+-- running slice (a lost signal: work stored in the key's queue past the attention API;
+-- SPEC §5 rule 7). It visits the keys such work reached (A recon, noted by the queue
+-- scripts) and the keys known to have backlog (A backlog), a chunk per call so no call
+-- blocks Redis for long — never the idle keys: an idle domain costs one call per shard.
+-- Each key's check and signal is one step.
 -- KEYS[1] the data family's due index
--- ARGV: header; 1 domain, 2 first index in the key index, 3 how many keys
--- returns {signalled, next index or -1 when done, dues (the due times of the delayed
+-- ARGV: header; 1 shard id, 2 the SSCAN cursor of A backlog ("0" to start), 3 how many
+--       keys per set
+-- returns {signalled, next cursor or -1 when done, dues (the due times of the delayed
 --         signals written, space-separated)} | error FQ:NODOMAIN
 local fb = string.sub(KEYS[1], 1, -4)
 sweep_family(fb)
 local d = load_domain(fb, arg(1))
 if not d then finish(); return fail('NODOMAIN', arg(1)) end
 sweep_domain(d)
-local first, count_ = narg(2), narg(3)
-local keys = redis.call('ZRANGE', d.a .. 'keys', first, first + count_ - 1)
+local count_ = narg(3)
 local n = 0
-for _, key in ipairs(keys) do
+local function check(key)
   local k = load_key(d, key)
   if k and k.state == 'active' and k.pending == 0 and k.active == 0 then
     local q = load_queue(k.queue)
@@ -31,7 +33,12 @@ for _, key in ipairs(keys) do
     end
   end
 end
+for _, key in ipairs(redis.call('SPOP', d.a .. 'recon', count_)) do check(key) end
+local scan = redis.call('SSCAN', d.a .. 'backlog', arg(2), 'COUNT', count_)
+for _, key in ipairs(scan[2]) do check(key) end
 count(d, 'reconciled', n)
 prune_usage(d)
 finish()
-return {n, #keys < count_ and -1 or first + #keys, dues()}
+local nxt = scan[1]
+if nxt == '0' and redis.call('SCARD', d.a .. 'recon') == 0 then nxt = -1 end
+return {n, nxt, dues()}

@@ -8,6 +8,9 @@ local fb = string.sub(KEYS[1], 1, -4)
 local id = arg(1)
 local a = abase(fb, id)
 for _, key in ipairs(redis.call('ZRANGE', a .. 'keys', 0, -1)) do
+  local queue = redis.call('HGET', a .. 'k:' .. key, 'queue')
+  local q = queue and load_queue(queue)
+  if q then redis.call('HDEL', q.n, 'att') end
   redis.call('DEL', a .. 'k:' .. key, a .. 'kd:' .. key)
 end
 for _, tenant in ipairs(redis.call('SMEMBERS', a .. 'tenants')) do
@@ -19,7 +22,7 @@ for _, tenant in ipairs(redis.call('HKEYS', a .. 'tturn')) do redis.call('DEL', 
 for _, tenant in ipairs(redis.call('ZRANGE', a .. 'turns', 0, -1)) do
   redis.call('DEL', a .. 't:' .. tenant)
 end
-redis.call('DEL', a .. 'n', a .. 'keys', a .. 'backlog', a .. 'sched', a .. 'tenants',
+redis.call('DEL', a .. 'n', a .. 'keys', a .. 'backlog', a .. 'recon', a .. 'sched', a .. 'tenants',
   a .. 'delayed', a .. 'slices', a .. 'sk', a .. 'sc', a .. 'ub', a .. 'turns', a .. 'tturn')
 if arg(2) == '1' then return redis.call('HDEL', fb .. 'att', domain_of(id)) end
 return redis.call('HEXISTS', fb .. 'att', domain_of(id))
