@@ -27,6 +27,17 @@ def service_up(host: str, port: int) -> bool:
         return False
 
 
+def commandstats(port: int) -> dict[str, int]:
+    """``INFO commandstats`` of the redis-server on ``port``: calls per command so far."""
+    import redis
+
+    r = redis.Redis(port=port)
+    try:
+        return {k: int(v["calls"]) for k, v in r.info("commandstats").items()}
+    finally:
+        r.close()
+
+
 def available() -> bool:
     return os.path.exists(REDIS_SERVER) and os.path.exists(REDIS_CLI)
 

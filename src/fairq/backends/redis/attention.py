@@ -282,13 +282,24 @@ class RedisAttention(AttentionReads):
             return plan.answer([int(m, 16) for m in made[:-1]])
         raise InvalidOption(f"queue {queue!r}: deduplication kept changing under this publish")
 
+    async def _look(self, domain: str, sh: Shards) -> None:
+        """Read the shards this broker knows nothing fresh of (read-only, all at once)."""
+        todo = sh.unknown(self.clock.now())
+        if todo:
+            looks = await asyncio.gather(*(self._att("attention_next", domain, s) for s in todo))
+            for s, got in zip(todo, looks, strict=True):
+                sh.learn_look(s, got)
+
     async def attention_take(self, domain: str) -> Slice | None:
         _, sh = await self._domain(domain)
+        if sh.sharded:  # which shard goes first depends on what each has
+            await self._look(domain, sh)
         n, vt = self._first_receive.get(domain, (0, ""))
         for shard in sh.order():
             token = secrets.token_hex(12) + (f"-{shard}" if sh.sharded else "")
             lease = f"{self._rng.getrandbits(62) | 1:x}"
             clock, deltas = sh.sync_args(shard)
+            sh.took(shard)
             got = await self._att(
                 "attention_take", domain, shard, token, clock, deltas, str(n), vt, lease
             )
@@ -441,16 +452,10 @@ class RedisAttention(AttentionReads):
             return SignalHint(True, None)
         if sh.any_ready():  # a take's reply said so (a wasted take if another took it)
             return SignalHint(True, None)
-        todo = sh.unknown(self.clock.now())
-        if todo:
-            try:
-                looks = await asyncio.gather(
-                    *(self._att("attention_next", domain, s) for s in todo)
-                )
-            except AttentionNotFound:
-                return SignalHint(True, None)
-            for s, got in zip(todo, looks, strict=True):
-                sh.learn_look(s, got)
+        try:
+            await self._look(domain, sh)
+        except AttentionNotFound:
+            return SignalHint(True, None)
         if sh.any_ready():
             return SignalHint(True, None)
         return SignalHint(False, sh.next_due())

@@ -82,11 +82,13 @@ class Shards:
     views: list[ShardView] = field(default_factory=list)
     deltas: list[dict[str, float]] = field(default_factory=list)
     clock: float | None = None
-    _turn: itertools.count[int] = field(default_factory=itertools.count)
+    visited: list[int] = field(default_factory=list)  # when each was last taken from
+    _turn: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     def __post_init__(self) -> None:
         self.views = [ShardView() for _ in self.ids]
         self.deltas = [{} for _ in self.ids]
+        self.visited = [0] * len(self.ids)
 
     @property
     def sharded(self) -> bool:
@@ -153,13 +155,16 @@ class Shards:
     def order(self) -> list[int]:
         """The shards in the order a take tries them: those with a ready signal by the
         smallest virtual time a tenant there has now (with the charges not yet passed
-        there; ties take turns), then the unknown ones, then the rest — a take must not
-        miss a signal another process just gave a shard."""
+        there; ties go to the shard taken from least recently), then the unknown ones,
+        then the rest — a take must not miss a signal another process just gave a shard."""
         if not self.sharded:
             return [0]
-        n = len(self.ids)
-        start = next(self._turn) % n
-        return sorted(range(n), key=lambda i: self._rank(i, (i - start) % n))
+        return sorted(range(len(self.ids)), key=lambda i: self._rank(i, self.visited[i]))
+
+    def took(self, shard: int) -> None:
+        """A take was tried on ``shard`` (ties between shards go round)."""
+        if self.sharded:
+            self.visited[shard] = next(self._turn)
 
     def _rank(self, i: int, turn: int) -> tuple[int, float, int]:
         v = self.views[i]
