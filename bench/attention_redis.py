@@ -21,6 +21,8 @@ and an end.
 small machine): the worker runs for T seconds and the rates and the small/noisy split of
 what it served are reported; steps 4 and the after-drain memory are then skipped.
 ``--redis-config`` passes settings to redis-server (``"stream-node-max-bytes 512"``).
+``--cluster`` runs on a 3-master Redis Cluster of its own (ports 17200-17202) instead,
+and reports each node's share of the memory (use it with ``--shards``).
 
 Results go to ``bench/results/attention-redis.json`` (``--out`` to name another file).
 """
@@ -43,7 +45,32 @@ import fairq
 from .queues import RESULTS, ROOT
 
 sys.path.insert(0, str(ROOT / "tests"))
-from redis_servers import RedisServer
+from redis_servers import RedisCluster, RedisServer
+
+
+class _Nodes:
+    """INFO summed over the nodes (one, or a Cluster's masters)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.clients = [redis.Redis(port=p) for p in ports]
+
+    def info(self, section: str) -> dict[str, Any]:
+        parts = [c.info(section) for c in self.clients]
+        if section == "memory":
+            return {"used_memory": sum(int(p["used_memory"]) for p in parts)}
+        out: dict[str, Any] = {}
+        for part in parts:
+            for k, v in part.items():
+                out.setdefault(k, {"calls": 0})["calls"] += int(v["calls"])
+        return out
+
+    def per_node_memory(self) -> list[int]:
+        return [int(c.info("memory")["used_memory"]) for c in self.clients]
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
 
 _PUBLISHER = """
 import asyncio, sys, time, fairq
@@ -68,18 +95,18 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
 """
 
 
-def _commands(r: redis.Redis) -> int:
+def _commands(r: _Nodes) -> int:
     return sum(int(v["calls"]) for v in r.info("commandstats").values())
 
 
-def _scripts(r: redis.Redis) -> int:
+def _scripts(r: _Nodes) -> int:
     stats = r.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
 
 
 async def _run(
     url: str,
-    r: redis.Redis,
+    r: _Nodes,
     keys: int,
     noisy: int,
     idle_seconds: float,
@@ -131,6 +158,8 @@ async def _run(
         out["publishers"] = publishers
         full = int(r.info("memory")["used_memory"])
         out["bytes_per_key"] = (full - base) / keys  # the key, its queue and its message
+        if len(r.clients) > 1:
+            out["per_node_bytes"] = r.per_node_memory()
         for start in range(0, noisy, 1000):
             await market.publish_batch(
                 "noisy", [fairq.Outgoing(b"y" * 200)] * min(1000, noisy - start)
@@ -213,14 +242,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="attention-redis.json")
     p.add_argument("--publishers", type=int, default=1, help="publisher processes")
     p.add_argument("--shards", type=int, default=1, help="shards of the domain")
+    p.add_argument("--cluster", action="store_true", help="a 3-master Cluster of its own")
     a = p.parse_args(argv)
     extra = [f"--{w}" if i % 2 == 0 else w for i, w in enumerate(a.redis_config.split())]
-    server = RedisServer(
-        Path(tempfile.mkdtemp(prefix="fairq-att-")), None, "--appendonly", "no", *extra
-    )
-    server.start()
+    workdir = Path(tempfile.mkdtemp(prefix="fairq-att-"))
+    server: RedisServer | RedisCluster
+    if a.cluster:
+        server = RedisCluster(workdir, ports=[17200, 17201, 17202]).start()
+        ports = [n.port for n in server.nodes]
+    else:
+        server = RedisServer(workdir, None, "--appendonly", "no", *extra).start()
+        ports = [server.port]
     try:
-        r = redis.Redis(port=server.port)
+        r = _Nodes(ports)
         doc = asyncio.run(
             _run(
                 f"{server.url}?prefix=a:",
@@ -234,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         doc["redis_config"] = a.redis_config
+        doc["cluster"] = a.cluster
         r.close()
     finally:
         server.stop()

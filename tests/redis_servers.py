@@ -146,8 +146,8 @@ class RedisServer:
 class RedisCluster:
     """Three masters on consecutive free ports, joined with ``redis-cli --cluster create``."""
 
-    def __init__(self, workdir: Path, masters: int = 3) -> None:
-        ports = free_ports(masters)
+    def __init__(self, workdir: Path, masters: int = 3, ports: list[int] | None = None) -> None:
+        ports = ports or free_ports(masters)
         self.nodes = [
             RedisServer(
                 workdir,
