@@ -249,3 +249,31 @@ async def test_a_worker_in_another_process_wakes_for_a_publish_to_any_shard(
             worker.stop()
             await task
         assert sorted(seen) == sorted(keys)
+
+
+async def test_the_reconciler_costs_the_same_at_100_and_2000_idle_keys(
+    private: RedisServer,
+) -> None:
+    """It visits the keys with backlog and those work reached past the attention API,
+    never the idle ones; and it still finds what a plain send left without a signal."""
+    async with await fairq.connect(f"{private.url}?prefix=p:") as broker:
+        costs = []
+        for n in (100, 2000):
+            a = await broker.declare_attention(
+                f"d{n}", plans=PLANS, shards=2, work_queue="{domain}-{shard}.{key}.work"
+            )
+            for i in range(0, n, 100):
+                await asyncio.gather(*(a.publish(f"k{j}", b"x") for j in range(i, i + 100)))
+            assert len(await _drain(a)) == n
+            before = commandstats(private.port)
+            assert await a.reconcile() == 0
+            after = commandstats(private.port)
+            costs.append(sum(after.values()) - sum(before.values()))
+        assert costs[1] <= costs[0] + 5, costs  # not one command per idle key
+        q = await a.queue("k7")
+        await q.send(b"past the API")
+        await q.send(b"and again")
+        assert await a._take(0) is None
+        assert await a.reconcile() == 1
+        got = await _drain(a)
+        assert got == [("k7", b"past the API"), ("k7", b"and again")]

@@ -118,13 +118,6 @@ class Shards:
         due = _str(got[1])
         v.due = float(due) if due else None
 
-    def ready_somewhere(self, shard: int) -> None:
-        """This broker just gave shard ``shard`` a ready signal (a publish)."""
-        v = self.views[shard]
-        if not v.ready:
-            v.ready, v.heads, v.count = True, [], 0
-            v.learnt = time.monotonic()
-
     def changed(self, shard: int | None) -> None:
         """A wake-up for the shard (None: for all, after the subscriber reconnected): what
         had nothing ready may have now."""
