@@ -21,6 +21,8 @@ and an end.
 small machine): the worker runs for T seconds and the rates and the small/noisy split of
 what it served are reported; steps 4 and the after-drain memory are then skipped.
 ``--redis-config`` passes settings to redis-server (``"stream-node-max-bytes 512"``).
+``--idle-only`` gives each key its state (``set_resource``) and no message, and measures
+only the idle phase (with a worker attached; for a domain too big to drain here).
 ``--cluster`` runs on a 3-master Redis Cluster of its own (ports 17200-17202) instead,
 and reports each node's share of the memory (use it with ``--shards``).
 
@@ -75,7 +77,7 @@ class _Nodes:
 _PUBLISHER = """
 import asyncio, sys, time, fairq
 
-async def main(url, a, b):
+async def main(url, a, b, idle_only):
     async with await fairq.connect(url) as broker:
         market = broker.attention("market")
         sem = asyncio.Semaphore(64)
@@ -83,7 +85,10 @@ async def main(url, a, b):
 
         async def one(i):
             async with sem:
-                await market.publish(f"k{i}", b"x" * 200)
+                if idle_only:  # the key's state, no message
+                    await market.set_resource(f"k{i}", plan="basic")
+                else:
+                    await market.publish(f"k{i}", b"x" * 200)
 
         for start in range(a, b, 10_000):
             await asyncio.gather(*(one(i) for i in range(start, min(b, start + 10_000))))
@@ -91,7 +96,7 @@ async def main(url, a, b):
                 rate = (start + 10_000 - a) / (time.perf_counter() - t0)
                 print(f"  [{a}] published {start + 10_000 - a:,} keys, {rate:,.0f}/s", flush=True)
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"))
 """
 
 
@@ -113,6 +118,7 @@ async def _run(
     drain_seconds: float | None = None,
     publishers: int = 1,
     shards: int = 1,
+    idle_only: bool = False,
 ) -> dict[str, Any]:
     out: dict[str, Any] = {
         "keys": keys,
@@ -135,13 +141,22 @@ async def _run(
 
         async def one(i: int) -> None:
             async with sem:
-                await market.publish(f"k{i}", b"x" * 200)
+                if idle_only:
+                    await market.set_resource(f"k{i}", plan="basic")
+                else:
+                    await market.publish(f"k{i}", b"x" * 200)
 
         if publishers > 1:  # processes of their own, each a range of keys
             step = -(-keys // publishers)
             procs = [
                 await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", _PUBLISHER, url, str(a), str(min(keys, a + step))
+                    sys.executable,
+                    "-c",
+                    _PUBLISHER,
+                    url,
+                    str(a),
+                    str(min(keys, a + step)),
+                    "1" if idle_only else "0",
                 )
                 for a in range(0, keys, step)
             ]
@@ -158,6 +173,8 @@ async def _run(
         out["publishers"] = publishers
         full = int(r.info("memory")["used_memory"])
         out["bytes_per_key"] = (full - base) / keys  # the key, its queue and its message
+        if idle_only:
+            return await _idle(broker, r, out, keys, idle_seconds)
         if len(r.clients) > 1:
             out["per_node_bytes"] = r.per_node_memory()
         for start in range(0, noisy, 1000):
@@ -213,22 +230,46 @@ async def _run(
             await task
             return out
         await asyncio.sleep(2.0)  # the last slices end
-        before = _commands(r)
-        before_by = r.info("commandstats")
-        await asyncio.sleep(idle_seconds)
-        idle = _commands(r) - before
-        after_by = r.info("commandstats")
-        out["idle_seconds"] = idle_seconds
-        out["idle_commands"] = idle
-        out["idle_commands_per_key"] = idle / (keys + 1)
-        out["idle_by_command"] = {
-            k.removeprefix("cmdstat_"): int(v["calls"]) - int(before_by.get(k, {}).get("calls", 0))
-            for k, v in after_by.items()
-            if int(v["calls"]) != int(before_by.get(k, {}).get("calls", 0))
-        }
+        await _count_idle(r, out, keys, idle_seconds)
         worker.stop()
         await task
         out["after_drain_bytes_per_key"] = (int(r.info("memory")["used_memory"]) - base) / keys
+    return out
+
+
+async def _count_idle(r: _Nodes, out: dict[str, Any], keys: int, seconds: float) -> None:
+    """The commands Redis runs while the domain idles, per key and by name."""
+    before = _commands(r)
+    before_by = r.info("commandstats")
+    await asyncio.sleep(seconds)
+    idle = _commands(r) - before
+    after_by = r.info("commandstats")
+    out["idle_seconds"] = seconds
+    out["idle_commands"] = idle
+    out["idle_commands_per_key"] = idle / (keys + 1)
+    out["idle_by_command"] = {
+        k.removeprefix("cmdstat_"): int(v["calls"]) - int(before_by.get(k, {}).get("calls", 0))
+        for k, v in after_by.items()
+        if int(v["calls"]) != int(before_by.get(k, {}).get("calls", 0))
+    }
+
+
+async def _idle(
+    broker: fairq.Broker, r: _Nodes, out: dict[str, Any], keys: int, seconds: float
+) -> dict[str, Any]:
+    """``--idle-only``: a worker (concurrency 64, reconciling every 30 s) on the domain of
+    idle keys; what Redis runs meanwhile."""
+    worker = fairq.Worker(broker, concurrency=64, handle_signals=False, poll_wait=1.0)
+
+    @worker.attention("market")
+    async def handle(msg: fairq.Received) -> None:
+        raise AssertionError("an idle domain has no work")
+
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(5.0)  # started: its first look and reconcile are done
+    await _count_idle(r, out, keys, seconds)
+    worker.stop()
+    await task
     return out
 
 
@@ -243,6 +284,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--publishers", type=int, default=1, help="publisher processes")
     p.add_argument("--shards", type=int, default=1, help="shards of the domain")
     p.add_argument("--cluster", action="store_true", help="a 3-master Cluster of its own")
+    p.add_argument(
+        "--idle-only",
+        action="store_true",
+        help="keys with their state and no message (set_resource), then only the idle phase",
+    )
     a = p.parse_args(argv)
     extra = [f"--{w}" if i % 2 == 0 else w for i, w in enumerate(a.redis_config.split())]
     workdir = Path(tempfile.mkdtemp(prefix="fairq-att-"))
@@ -265,6 +311,7 @@ def main(argv: list[str] | None = None) -> int:
                 a.drain_seconds,
                 a.publishers,
                 a.shards,
+                a.idle_only,
             )
         )
         doc["redis_config"] = a.redis_config

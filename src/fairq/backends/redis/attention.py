@@ -477,13 +477,15 @@ class RedisAttention(AttentionReads):
         _, sh = await self._domain(domain)
         total = 0
         for shard in range(len(sh.ids)):
-            cursor = "0"
-            while cursor != "-1":
-                n, nxt, dues = await self._att(
-                    "attention_reconcile", domain, shard, cursor, str(self.RECONCILE_CHUNK)
+            first = "1"
+            while True:
+                n, more, dues = await self._att(
+                    "attention_reconcile", domain, shard, first, str(self.RECONCILE_CHUNK)
                 )
                 self._scheduled.add(domain, dues, self.clock.now())
                 total += int(n)
-                cursor = str(nxt) if isinstance(nxt, int) else _text(nxt)
+                first = "0"
+                if not int(more):
+                    break
             sh.changed(shard)
         return total

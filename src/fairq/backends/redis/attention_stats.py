@@ -19,7 +19,7 @@ __all__ = ["AttentionReads"]
 class AttentionReads(RedisRooms):
     """The sums over a domain's shards."""
 
-    RECONCILE_CHUNK = 2000  # keys the reconciler visits per script call
+    RECONCILE_CHUNK = 2000  # keys the reconciler visits per script call and set
 
     def sum_stats(self, domain: str, replies: list[Any]) -> AttentionStats:
         raw: dict[str, float] = {}

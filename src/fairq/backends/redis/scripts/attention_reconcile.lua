@@ -1,13 +1,14 @@
 -- attention_reconcile: signal every active key with backlog, no pending signal and no
 -- running slice (a lost signal: work stored in the key's queue past the attention API;
--- SPEC §5 rule 7). It visits the keys such work reached (A recon, noted by the queue
--- scripts) and the keys known to have backlog (A backlog), a chunk per call so no call
--- blocks Redis for long — never the idle keys: an idle domain costs one call per shard.
--- Each key's check and signal is one step.
+-- SPEC §5 rule 7). Each call visits the keys such work reached (A recon, noted by the
+-- queue scripts: a chunk per call, until none is left) and the next chunk of the keys
+-- with backlog (A backlog, a cursor kept in A n: the safety net, a full round every
+-- |backlog| / chunk passes) — never the idle keys, and never all the backlogged keys of a
+-- big domain at once. Each key's check and signal is one step.
 -- KEYS[1] the data family's due index
--- ARGV: header; 1 shard id, 2 the SSCAN cursor of A backlog ("0" to start), 3 how many
---       keys per set
--- returns {signalled, next cursor or -1 when done, dues (the due times of the delayed
+-- ARGV: header; 1 shard id, 2 "1" on the pass's first call (visit the backlog chunk),
+--       3 how many keys per set
+-- returns {signalled, 1 while A recon has more | 0, dues (the due times of the delayed
 --         signals written, space-separated)} | error FQ:NODOMAIN
 local fb = string.sub(KEYS[1], 1, -4)
 sweep_family(fb)
@@ -34,11 +35,13 @@ local function check(key)
   end
 end
 for _, key in ipairs(redis.call('SPOP', d.a .. 'recon', count_)) do check(key) end
-local scan = redis.call('SSCAN', d.a .. 'backlog', arg(2), 'COUNT', count_)
-for _, key in ipairs(scan[2]) do check(key) end
+if arg(2) == '1' then
+  local at = redis.call('HGET', d.a .. 'n', 'rcursor') or '0'
+  local scan = redis.call('SSCAN', d.a .. 'backlog', at, 'COUNT', count_)
+  for _, key in ipairs(scan[2]) do check(key) end
+  redis.call('HSET', d.a .. 'n', 'rcursor', scan[1])
+end
 count(d, 'reconciled', n)
 prune_usage(d)
 finish()
-local nxt = scan[1]
-if nxt == '0' and redis.call('SCARD', d.a .. 'recon') == 0 then nxt = -1 end
-return {n, nxt, dues()}
+return {n, redis.call('SCARD', d.a .. 'recon') > 0 and 1 or 0, dues()}
