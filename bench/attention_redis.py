@@ -63,7 +63,9 @@ class _Nodes:
         out: dict[str, Any] = {}
         for part in parts:
             for k, v in part.items():
-                out.setdefault(k, {"calls": 0})["calls"] += int(v["calls"])
+                row = out.setdefault(k, {"calls": 0, "usec": 0})
+                row["calls"] += int(v["calls"])
+                row["usec"] += int(v["usec"])
         return out
 
     def per_node_memory(self) -> list[int]:
@@ -102,6 +104,12 @@ asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] ==
 
 def _commands(r: _Nodes) -> int:
     return sum(int(v["calls"]) for v in r.info("commandstats").values())
+
+
+def _usec(r: _Nodes) -> int:
+    """Redis's time in scripts (a script's time includes the commands it calls)."""
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "eval"))
 
 
 def _scripts(r: _Nodes) -> int:
@@ -206,6 +214,8 @@ async def _run(
                 done.set()
 
         scripts_before = _scripts(r)
+        usec_before = _usec(r)
+        cpu_before = time.process_time()
         task = asyncio.create_task(worker.run())
         try:
             await asyncio.wait_for(done.wait(), drain_seconds or 3600)
@@ -214,6 +224,10 @@ async def _run(
                 raise
         seconds = time.perf_counter() - t_start
         scripts = _scripts(r) - scripts_before
+        # what a message costs, less at the mercy of a busy machine than the rate: Redis's
+        # own time (INFO commandstats) and this process's CPU time (the worker's)
+        out["redis_us_per_message"] = (_usec(r) - usec_before) / max(1, count)
+        out["worker_cpu_us_per_message"] = (time.process_time() - cpu_before) * 1e6 / max(1, count)
         stats = await market.stats()
         out["scripts"] = scripts
         out["scripts_per_message"] = scripts / max(1, count)
