@@ -49,6 +49,7 @@ async def declare_attention(c: Call) -> m.AttentionInfo:
         queue_options=body.queue_options.to_options() if body.queue_options else None,
         slice_lease=body.slice_lease,
         charge=body.charge,
+        shards=body.shards,
     )
     return await attention_info(c.broker, domain)
 
