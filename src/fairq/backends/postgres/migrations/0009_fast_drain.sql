@@ -261,7 +261,10 @@ DECLARE
     token bigint := ((random() * 4611686018427387903)::bigint) | 1;
     lease_end float8;
     cutoff bigint;
-    room int := 0;  -- how many of these leases may be hot
+    room int;  -- how many of these leases may be hot
+    finals_due bool;
+    too_old bool;
+    hot_due bool;
     got int := 0;
     leased int;
     dead bigint[];
@@ -278,18 +281,22 @@ BEGIN
     IF coalesce(current_setting('fairq.durable_leases', true), '') <> 'on' THEN
         PERFORM set_config('synchronous_commit', 'off', true);
     END IF;
-    IF EXISTS (SELECT 1 FROM {schema}.messages m WHERE m.final AND m.avail_at <= now) THEN
+    -- what needs doing first, in one statement (three index probes) with the room for hot
+    -- leases (FIFO queues: none)
+    SELECT EXISTS (SELECT 1 FROM {schema}.messages m WHERE m.final AND m.avail_at <= now),
+           EXISTS (SELECT 1 FROM {schema}.messages m WHERE m.queue_id = q.id AND m.id < cutoff),
+           EXISTS (SELECT 1 FROM {schema}.leases l WHERE l.queue_id = q.id AND l.until <= now),
+           CASE WHEN q.fifo THEN 0 ELSE {schema}.hot_limit() - coalesce(
+               (SELECT sum(c.hot) FROM {schema}.counts c WHERE c.queue_id = q.id), 0) END
+    INTO finals_due, too_old, hot_due, room;
+    IF finals_due THEN
         PERFORM {schema}.sweep_final(now);
     END IF;
-    IF EXISTS (SELECT 1 FROM {schema}.messages m WHERE m.queue_id = q.id AND m.id < cutoff) THEN
+    IF too_old THEN
         PERFORM {schema}.expire_old(q, now);
     END IF;
-    IF EXISTS (SELECT 1 FROM {schema}.leases l WHERE l.queue_id = q.id AND l.until <= now) THEN
+    IF hot_due THEN
         PERFORM {schema}.park(q, now);
-    END IF;
-    IF NOT q.fifo THEN
-        SELECT {schema}.hot_limit() - coalesce(sum(c.hot), 0) INTO room
-        FROM {schema}.counts c WHERE c.queue_id = q.id;
     END IF;
     LOOP
         RETURN QUERY
