@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -98,27 +99,26 @@ def received(row: tuple[Any, ...], queue: str, key: str | None = None) -> Receiv
 def received_rows(rows: list[tuple[Any, ...]], queue: str) -> list[Received]:
     """:func:`received` of every row of a receive (id, body, attrs, attempt, priority,
     grp, lease, ord), in delivery order; the hot path of a drain, so done in one loop."""
-    rows.sort(key=_ORD)
+    rows.sort(key=_by_ord)
     out = []
     for mid, body, attrs, attempt, priority, grp, lease, _ in rows:
         out.append(
             Received(
-                f"{mid:016x}",
+                format_id(mid),
                 body if type(body) is bytes else bytes(body),
                 orjson.loads(attrs) if attrs else {},
                 attempt,
-                (mid >> 16) / 1000.0,
+                id_time(mid),
                 priority,
                 grp,
-                f"{mid:016x}.{lease:x}",
+                make_receipt(mid, lease),
                 queue,
             )
         )
     return out
 
 
-def _ORD(row: tuple[Any, ...]) -> Any:
-    return row[7]
+_by_ord = itemgetter(7)
 
 
 def stats_of(row: tuple[Any, ...], config: QueueConfig) -> QueueStats:
