@@ -293,6 +293,8 @@ class PostgresBackend(Backend):
             ids, leases = queues.receipts_literals(receipts)
             lost = await self._one(self.q.ack, (queue, self.now(), ids, leases), connection)
             return queues.lost_of(lost, receipts)
+        if len(receipts) > 1:  # a batch already: nothing to gain by waiting for others
+            return await self._ack_now(queue, receipts)
         return await self._acks.ack(queue, receipts)
 
     async def _ack_now(self, queue: str, receipts: list[str]) -> list[str]:

@@ -100,22 +100,20 @@ def received_rows(rows: list[tuple[Any, ...]], queue: str) -> list[Received]:
     """:func:`received` of every row of a receive (id, body, attrs, attempt, priority,
     grp, lease, ord), in delivery order; the hot path of a drain, so done in one loop."""
     rows.sort(key=_by_ord)
-    out = []
-    for mid, body, attrs, attempt, priority, grp, lease, _ in rows:
-        out.append(
-            Received(
-                format_id(mid),
-                body if type(body) is bytes else bytes(body),
-                orjson.loads(attrs) if attrs else {},
-                attempt,
-                id_time(mid),
-                priority,
-                grp,
-                make_receipt(mid, lease),
-                queue,
-            )
+    return [
+        Received(
+            format_id(mid),
+            body if type(body) is bytes else bytes(body),
+            orjson.loads(attrs) if attrs else {},
+            attempt,
+            id_time(mid),
+            priority,
+            grp,
+            make_receipt(mid, lease),
+            queue,
         )
-    return out
+        for mid, body, attrs, attempt, priority, grp, lease, _ in rows
+    ]
 
 
 _by_ord = itemgetter(7)
