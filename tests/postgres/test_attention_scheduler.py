@@ -137,7 +137,12 @@ async def test_a_version_7_schema_is_upgraded_with_its_attention_domains(url: st
         # and what migration 9 added (it rebuilds the messages table, so it runs again)
         await c.execute(f"DROP TABLE {s}.leases")
         await c.execute(f"ALTER TABLE {s}.counts DROP COLUMN hot")
-        for fn in ("hot_limit()", "bump_hot(int, bigint)", f"park({s}.queues, float8, bool)"):
+        for fn in (
+            "hot_limit()",
+            "bump_hot(int, bigint)",
+            f"park({s}.queues, float8, bool)",
+            "ack_batch(text, float8, bigint[], bigint[])",
+        ):
             await c.execute(f"DROP FUNCTION {s}.{fn}")
         await c.execute(f"DELETE FROM {s}.migrations WHERE version >= 8")
         assert [m.version for m in await migrate.pending(c, _schema(url).strip('"'))] == [8, 9]

@@ -171,3 +171,22 @@ async def test_leases_taken_before_the_upgrade_stay_good() -> None:
             assert (m.body, m.attempt) == (b"b", 2)
     finally:
         drop_namespace(url)
+
+
+async def test_the_ack_function_of_before_still_acks(env: tuple) -> None:
+    """A process still running the code of before migration 9 (during an upgrade) acks
+    with ``ack()``: it keeps its signature and acks hot leases like ``ack_batch()``."""
+    broker, conn, s = env
+    q = await broker.declare_queue("old-code")
+    await q.send_batch([fairq.Outgoing(b"x") for _ in range(3)])
+    msgs = await q.receive(max_messages=3)
+    ids = [int(m.id, 16) for m in msgs]
+    leases = [int(m.receipt.split(".")[1], 16) for m in msgs]
+    cur = await conn.execute(
+        f'SELECT "{s}".ack(%s, %s, %s::bigint[], %s::bigint[])',
+        ("old-code", broker.clock.now(), [ids[0], ids[1], ids[2]], [leases[0], leases[1], 7]),
+    )
+    row = await cur.fetchone()
+    assert row is not None and row[0] == [3]  # the third receipt is not current
+    assert await _hot(conn, s) == (1, 1, 1)
+    assert (await q.stats()).in_flight == 1

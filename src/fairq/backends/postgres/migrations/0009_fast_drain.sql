@@ -21,9 +21,10 @@
 -- (room on each page for its rows' next version).
 --
 -- Also: bump() in PL/pgSQL (a LANGUAGE sql function that writes is parsed and planned at
--- every call: 0.17 ms of its 0.2); ack() reports whether it noted a wake-up, so the
--- common ack costs no second round trip; receive() and ack() read the queue's row in
--- place and update leased rows through their ctid (locked by the pick: it cannot move).
+-- every call: 0.17 ms of its 0.2); ack_batch() reports whether it noted a wake-up, so the
+-- common ack costs no second round trip (ack() stays, for code of before); receive() and
+-- ack_batch() read the queue's row in place, and receive() updates leased rows through
+-- their ctid (locked by the pick: it cannot move).
 
 -- -- the messages table, rebuilt -------------------------------------------------------------
 DROP FUNCTION {schema}.current_lease({schema}.queues, bigint, bigint, float8);
@@ -346,12 +347,10 @@ BEGIN
     END LOOP;
 END $$;
 
-DROP FUNCTION {schema}.ack(text, float8, bigint[], bigint[]);
-
 -- delete the messages of current leases: the 1-based positions of the receipts that are
 -- not current, and whether a wake-up was noted (see wake() in migration 1)
-CREATE FUNCTION {schema}.ack(qname text, now float8, ids bigint[], leases bigint[],
-                             OUT lost int[], OUT woke bool)
+CREATE FUNCTION {schema}.ack_batch(qname text, now float8, ids bigint[], leases bigint[],
+                                   OUT lost int[], OUT woke bool)
 LANGUAGE plpgsql AS $$
 DECLARE
     q {schema}.queues;
@@ -413,6 +412,16 @@ BEGIN
         lost := ARRAY(SELECT i FROM generate_subscripts(ids, 1) i
                       WHERE done IS NULL OR NOT (ids[i] = ANY (done)));
     END IF;
+END $$;
+
+-- ack() as before migration 9 (a fairq process still running the code of before, during
+-- an upgrade, acks with it)
+CREATE OR REPLACE FUNCTION {schema}.ack(qname text, now float8, ids bigint[], leases bigint[])
+RETURNS int[] LANGUAGE plpgsql AS $$
+DECLARE r int[];
+BEGIN
+    SELECT a.lost INTO r FROM {schema}.ack_batch(qname, now, ids, leases) a;
+    RETURN r;
 END $$;
 
 CREATE OR REPLACE FUNCTION {schema}.nack(qname text, now float8, mid bigint, tok bigint,
@@ -685,7 +694,7 @@ $$;
 ALTER FUNCTION {schema}.receive(text, float8, int, float8)
     SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
     SET enable_seqscan = off SET jit = off;
-ALTER FUNCTION {schema}.ack(text, float8, bigint[], bigint[])
+ALTER FUNCTION {schema}.ack_batch(text, float8, bigint[], bigint[])
     SET enable_bitmapscan = off SET enable_hashjoin = off SET enable_mergejoin = off
     SET jit = off;
 ALTER FUNCTION {schema}.extend(text, float8, bigint[], bigint[], float8)
