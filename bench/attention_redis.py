@@ -12,10 +12,19 @@ On a private redis-server (no persistence, a free port of 16400-16499):
    commands Redis ran meanwhile (``INFO commandstats``) divided by the keys — 0 per key
    is the goal (no polling of work queues).
 
+``--shards N`` declares the domain with ``shards=N`` (work queues
+``{domain}-{shard}.{key}.work``). The drain also reports the scripts Redis ran per message
+(``EVALSHA`` in ``INFO commandstats``): a small key's one message is one slice, a take
+and an end.
+
 ``--drain-seconds T`` bounds step 3 (at 1,000,000 keys a full drain takes hours on a
 small machine): the worker runs for T seconds and the rates and the small/noisy split of
 what it served are reported; steps 4 and the after-drain memory are then skipped.
 ``--redis-config`` passes settings to redis-server (``"stream-node-max-bytes 512"``).
+``--idle-only`` gives each key its state (``set_resource``) and no message, and measures
+only the idle phase (with a worker attached; for a domain too big to drain here).
+``--cluster`` runs on a 3-master Redis Cluster of its own (ports 17200-17202) instead,
+and reports each node's share of the memory (use it with ``--shards``).
 
 Results go to ``bench/results/attention-redis.json`` (``--out`` to name another file).
 """
@@ -38,12 +47,39 @@ import fairq
 from .queues import RESULTS, ROOT
 
 sys.path.insert(0, str(ROOT / "tests"))
-from redis_servers import RedisServer
+from redis_servers import RedisCluster, RedisServer
+
+
+class _Nodes:
+    """INFO summed over the nodes (one, or a Cluster's masters)."""
+
+    def __init__(self, ports: list[int]) -> None:
+        self.clients = [redis.Redis(port=p) for p in ports]
+
+    def info(self, section: str) -> dict[str, Any]:
+        parts = [c.info(section) for c in self.clients]
+        if section == "memory":
+            return {"used_memory": sum(int(p["used_memory"]) for p in parts)}
+        out: dict[str, Any] = {}
+        for part in parts:
+            for k, v in part.items():
+                row = out.setdefault(k, {"calls": 0, "usec": 0})
+                row["calls"] += int(v["calls"])
+                row["usec"] += int(v["usec"])
+        return out
+
+    def per_node_memory(self) -> list[int]:
+        return [int(c.info("memory")["used_memory"]) for c in self.clients]
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
 
 _PUBLISHER = """
 import asyncio, sys, time, fairq
 
-async def main(url, a, b):
+async def main(url, a, b, idle_only):
     async with await fairq.connect(url) as broker:
         market = broker.attention("market")
         sem = asyncio.Semaphore(64)
@@ -51,7 +87,10 @@ async def main(url, a, b):
 
         async def one(i):
             async with sem:
-                await market.publish(f"k{i}", b"x" * 200)
+                if idle_only:  # the key's state, no message
+                    await market.set_resource(f"k{i}", plan="basic")
+                else:
+                    await market.publish(f"k{i}", b"x" * 200)
 
         for start in range(a, b, 10_000):
             await asyncio.gather(*(one(i) for i in range(start, min(b, start + 10_000))))
@@ -59,28 +98,50 @@ async def main(url, a, b):
                 rate = (start + 10_000 - a) / (time.perf_counter() - t0)
                 print(f"  [{a}] published {start + 10_000 - a:,} keys, {rate:,.0f}/s", flush=True)
 
-asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3])))
+asyncio.run(main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"))
 """
 
 
-def _commands(r: redis.Redis) -> int:
+def _commands(r: _Nodes) -> int:
     return sum(int(v["calls"]) for v in r.info("commandstats").values())
+
+
+def _usec(r: _Nodes) -> int:
+    """Redis's time in scripts (a script's time includes the commands it calls)."""
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "eval"))
+
+
+def _scripts(r: _Nodes) -> int:
+    stats = r.info("commandstats")
+    return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
 
 
 async def _run(
     url: str,
-    r: redis.Redis,
+    r: _Nodes,
     keys: int,
     noisy: int,
     idle_seconds: float,
     drain_seconds: float | None = None,
     publishers: int = 1,
+    shards: int = 1,
+    idle_only: bool = False,
 ) -> dict[str, Any]:
-    out: dict[str, Any] = {"keys": keys, "noisy": noisy, "drain_bound_s": drain_seconds}
+    out: dict[str, Any] = {
+        "keys": keys,
+        "noisy": noisy,
+        "drain_bound_s": drain_seconds,
+        "shards": shards,
+    }
     async with await fairq.connect(url) as broker:
         plans = {"basic": fairq.Plan(max_concurrency=2, max_messages=50, max_time=5.0)}
+        sharded: dict[str, Any] = {"shards": shards} if shards > 1 else {}
         market = await broker.declare_attention(
-            "market", plans=plans, work_queue="{domain}.{key}.work"
+            "market",
+            plans=plans,
+            work_queue="{domain}-{shard}.{key}.work" if shards > 1 else "{domain}.{key}.work",
+            **sharded,
         )
         base = int(r.info("memory")["used_memory"])
         sem = asyncio.Semaphore(64)
@@ -88,13 +149,22 @@ async def _run(
 
         async def one(i: int) -> None:
             async with sem:
-                await market.publish(f"k{i}", b"x" * 200)
+                if idle_only:
+                    await market.set_resource(f"k{i}", plan="basic")
+                else:
+                    await market.publish(f"k{i}", b"x" * 200)
 
         if publishers > 1:  # processes of their own, each a range of keys
             step = -(-keys // publishers)
             procs = [
                 await asyncio.create_subprocess_exec(
-                    sys.executable, "-c", _PUBLISHER, url, str(a), str(min(keys, a + step))
+                    sys.executable,
+                    "-c",
+                    _PUBLISHER,
+                    url,
+                    str(a),
+                    str(min(keys, a + step)),
+                    "1" if idle_only else "0",
                 )
                 for a in range(0, keys, step)
             ]
@@ -111,6 +181,10 @@ async def _run(
         out["publishers"] = publishers
         full = int(r.info("memory")["used_memory"])
         out["bytes_per_key"] = (full - base) / keys  # the key, its queue and its message
+        if idle_only:
+            return await _idle(broker, r, out, keys, idle_seconds)
+        if len(r.clients) > 1:
+            out["per_node_bytes"] = r.per_node_memory()
         for start in range(0, noisy, 1000):
             await market.publish_batch(
                 "noisy", [fairq.Outgoing(b"y" * 200)] * min(1000, noisy - start)
@@ -139,6 +213,9 @@ async def _run(
             if count >= total:
                 done.set()
 
+        scripts_before = _scripts(r)
+        usec_before = _usec(r)
+        cpu_before = time.process_time()
         task = asyncio.create_task(worker.run())
         try:
             await asyncio.wait_for(done.wait(), drain_seconds or 3600)
@@ -146,11 +223,17 @@ async def _run(
             if drain_seconds is None:
                 raise
         seconds = time.perf_counter() - t_start
+        scripts = _scripts(r) - scripts_before
+        # what a message costs, less at the mercy of a busy machine than the rate: Redis's
+        # own time (INFO commandstats) and this process's CPU time (the worker's)
+        out["redis_us_per_message"] = (_usec(r) - usec_before) / max(1, count)
+        out["worker_cpu_us_per_message"] = (time.process_time() - cpu_before) * 1e6 / max(1, count)
         stats = await market.stats()
+        out["scripts"] = scripts
+        out["scripts_per_message"] = scripts / max(1, count)
         out["drain_seconds"] = seconds
         out["served"] = count
         out["messages_per_s"] = count / seconds
-        out["slices_per_s"] = stats.slices / seconds if stats.slices else None
         out["processed"] = stats.processed
         out["small_served"] = keys - small_left
         out["noisy_served"] = noisy - noisy_left
@@ -161,15 +244,46 @@ async def _run(
             await task
             return out
         await asyncio.sleep(2.0)  # the last slices end
-        before = _commands(r)
-        await asyncio.sleep(idle_seconds)
-        idle = _commands(r) - before
-        out["idle_seconds"] = idle_seconds
-        out["idle_commands"] = idle
-        out["idle_commands_per_key"] = idle / (keys + 1)
+        await _count_idle(r, out, keys, idle_seconds)
         worker.stop()
         await task
         out["after_drain_bytes_per_key"] = (int(r.info("memory")["used_memory"]) - base) / keys
+    return out
+
+
+async def _count_idle(r: _Nodes, out: dict[str, Any], keys: int, seconds: float) -> None:
+    """The commands Redis runs while the domain idles, per key and by name."""
+    before = _commands(r)
+    before_by = r.info("commandstats")
+    await asyncio.sleep(seconds)
+    idle = _commands(r) - before
+    after_by = r.info("commandstats")
+    out["idle_seconds"] = seconds
+    out["idle_commands"] = idle
+    out["idle_commands_per_key"] = idle / (keys + 1)
+    out["idle_by_command"] = {
+        k.removeprefix("cmdstat_"): int(v["calls"]) - int(before_by.get(k, {}).get("calls", 0))
+        for k, v in after_by.items()
+        if int(v["calls"]) != int(before_by.get(k, {}).get("calls", 0))
+    }
+
+
+async def _idle(
+    broker: fairq.Broker, r: _Nodes, out: dict[str, Any], keys: int, seconds: float
+) -> dict[str, Any]:
+    """``--idle-only``: a worker (concurrency 64, reconciling every 30 s) on the domain of
+    idle keys; what Redis runs meanwhile."""
+    worker = fairq.Worker(broker, concurrency=64, handle_signals=False, poll_wait=1.0)
+
+    @worker.attention("market")
+    async def handle(msg: fairq.Received) -> None:
+        raise AssertionError("an idle domain has no work")
+
+    task = asyncio.create_task(worker.run())
+    await asyncio.sleep(5.0)  # started: its first look and reconcile are done
+    await _count_idle(r, out, keys, seconds)
+    worker.stop()
+    await task
     return out
 
 
@@ -182,14 +296,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--redis-config", default="", help='e.g. "stream-node-max-bytes 512"')
     p.add_argument("--out", default="attention-redis.json")
     p.add_argument("--publishers", type=int, default=1, help="publisher processes")
+    p.add_argument("--shards", type=int, default=1, help="shards of the domain")
+    p.add_argument("--cluster", action="store_true", help="a 3-master Cluster of its own")
+    p.add_argument(
+        "--idle-only",
+        action="store_true",
+        help="keys with their state and no message (set_resource), then only the idle phase",
+    )
     a = p.parse_args(argv)
     extra = [f"--{w}" if i % 2 == 0 else w for i, w in enumerate(a.redis_config.split())]
-    server = RedisServer(
-        Path(tempfile.mkdtemp(prefix="fairq-att-")), None, "--appendonly", "no", *extra
-    )
-    server.start()
+    workdir = Path(tempfile.mkdtemp(prefix="fairq-att-"))
+    server: RedisServer | RedisCluster
+    if a.cluster:
+        server = RedisCluster(workdir, ports=[17200, 17201, 17202]).start()
+        ports = [n.port for n in server.nodes]
+    else:
+        server = RedisServer(workdir, None, "--appendonly", "no", *extra).start()
+        ports = [server.port]
     try:
-        r = redis.Redis(port=server.port)
+        r = _Nodes(ports)
         doc = asyncio.run(
             _run(
                 f"{server.url}?prefix=a:",
@@ -199,9 +324,12 @@ def main(argv: list[str] | None = None) -> int:
                 a.idle_seconds,
                 a.drain_seconds,
                 a.publishers,
+                a.shards,
+                a.idle_only,
             )
         )
         doc["redis_config"] = a.redis_config
+        doc["cluster"] = a.cluster
         r.close()
     finally:
         server.stop()

@@ -17,15 +17,20 @@ Each scenario runs ``--repeat`` times (default 3) on a fresh key prefix; the tab
 the medians. Results: bench/results/attention-redis-shares.json.
 
 ``--engine amqp`` runs the same on RabbitMQ (``--amqp-url``, default the local broker; a
-vhost of its own per run, made and deleted through the management API), the private
-redis-server as its ``?store=``: the work in RabbitMQ's queues, the signals, tickets and
-scheduler in Redis (docs/rabbitmq.md). The work queues share one dead-letter queue (a
-RabbitMQ queue per key is enough). Results: bench/results/attention-amqp-shares.json.
+vhost of its own per run, made and deleted through the management API), the redis-server
+as its ``?store=``: the work in RabbitMQ's queues, the signals, tickets and scheduler in
+Redis (docs/rabbitmq.md). The work queues share one dead-letter queue (a RabbitMQ queue
+per key is enough). Results: bench/results/attention-amqp-shares.json.
 
     python -m bench.attention_redis_shares                 # ~6 min
     python -m bench.attention_redis_shares --quick --repeat 1
     python -m bench.attention_redis_shares --url redis://127.0.0.1:6379/0   # a given Redis
-    python -m bench.attention_redis_shares --engine amqp --quick --repeat 3
+    python -m bench.attention_redis_shares --shards 8   # each domain in 8 shards
+    python -m bench.attention_redis_shares --engine amqp --url redis://127.0.0.1:17100/0
+
+``--shards N`` declares the domains with ``shards=N`` (work queues
+``{domain}-{shard}.{key}.work``): B's 2,000 keys spread over every shard, A's one key
+in one of them, and the shares must hold across the shards.
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ def _prefixed(url: str) -> str:
     return f"{url}{sep}prefix=bench-{secrets.token_hex(4)}:"
 
 
-#: the RabbitMQ to run on with ``--engine amqp`` (None: Redis alone)
+#: the RabbitMQ to run on with ``--engine amqp`` (empty: Redis alone)
 AMQP: dict[str, str] = {}
 #: what every domain is declared with besides its plans (RabbitMQ: one shared DLQ)
 OPTIONS: dict[str, Any] = {}
@@ -95,18 +100,24 @@ def _engine_url(redis_url: str) -> Iterator[str]:
     parsed = parse_url(AMQP["url"] + "?store=memory://")
     api = Management(parsed.management or "", parsed.user, parsed.password, timeout=600.0)
     vhost = f"fairq-bench-{secrets.token_hex(4)}"
-    api.add_vhost(vhost, parsed.user)
     try:
+        api.add_vhost(vhost, parsed.user)
         yield f"{AMQP['url'].rstrip('/')}/{vhost}?timeout=60&store={quote(store, safe='')}"
     finally:
         api.delete_vhost(vhost)
 
 
-async def shares(url: str, tmp: Path, quick: bool, capped: bool, charge: str) -> dict[str, Any]:
+def _sharded(shards: int) -> dict[str, Any]:
+    return {**OPTIONS, "shards": shards} if shards > 1 else dict(OPTIONS)
+
+
+async def shares(
+    url: str, tmp: Path, quick: bool, capped: bool, charge: str, shards: int = 1
+) -> dict[str, Any]:
     """bench.contention.shares on ``url``: the backlogs first, then the workers; worker
     time by the backend's tenant stats over a window that starts 2 s in."""
     plans = {"basic": fairq.Plan(WORKERS, 50, 20.0), "one": fairq.Plan(1, 50, 20.0)}
-    await declare(url, "ab", plans, charge=charge, **OPTIONS)
+    await declare(url, "ab", plans, charge=charge, **_sharded(shards))
     window = 5.0 if quick else 10.0
     deep, keys = (30_000, 1_000) if quick else (60_000, 2_000)
     spec = {
@@ -152,12 +163,11 @@ async def shares(url: str, tmp: Path, quick: bool, capped: bool, charge: str) ->
     }
 
 
-async def rate2(url: str, tmp: Path, quick: bool) -> dict[str, Any]:
+async def rate2(url: str, tmp: Path, quick: bool, shards: int = 1) -> dict[str, Any]:
     """bench.contention.rate2 on ``url``."""
     n, rate = (200, 20.0) if quick else (2_000, 20.0)
-    await declare(
-        url, "limited", {"basic": fairq.Plan(1, 100, 20.0, rate=rate, burst=1.0)}, **OPTIONS
-    )
+    plans = {"basic": fairq.Plan(1, 100, 20.0, rate=rate, burst=1.0)}
+    await declare(url, "limited", plans, **_sharded(shards))
     outs = [tmp / f"w{i}.json" for i in range(2)]
     spec = json.dumps({"slots": 2, "domain": "limited", "seconds": 0})
     workers = [spawn("work", url, spec, str(o)) for o in outs]
@@ -185,13 +195,13 @@ async def rate2(url: str, tmp: Path, quick: bool) -> dict[str, Any]:
     }
 
 
-async def one(name: str, base: str, quick: bool) -> dict[str, Any]:
+async def one(name: str, base: str, quick: bool, shards: int) -> dict[str, Any]:
     with _engine_url(base) as url, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if name == "rate2":
-            return await rate2(url, tmp, quick)
+            return await rate2(url, tmp, quick, shards)
         charge = "messages" if name == "shares_messages" else "time"
-        return await shares(url, tmp, quick, capped=name == "capped", charge=charge)
+        return await shares(url, tmp, quick, name == "capped", charge, shards)
 
 
 def _median(runs: list[dict[str, Any]], field: str) -> float:
@@ -253,12 +263,14 @@ _FIELDS = {
 }
 
 
-async def run(names: Sequence[str], base: str, quick: bool, repeat: int) -> dict[str, Any]:
+async def run(
+    names: Sequence[str], base: str, quick: bool, repeat: int, shards: int = 1
+) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for i in range(repeat):  # the scenarios interleaved, so drift hits them alike
         for name in names:
             print(f"{name} run {i + 1}/{repeat} ...", flush=True)
-            runs[name].append(await one(name, base, quick))
+            runs[name].append(await one(name, base, quick, shards))
     medians = {
         n: {f: _median(runs[n], f) for f in _FIELDS["rate2" if n == "rate2" else "shares"]}
         for n in names
@@ -274,6 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--url", help="a Redis to use (default: a private redis-server)")
+    parser.add_argument("--shards", type=int, default=1, help="shards of each domain")
     parser.add_argument("--engine", choices=("redis", "amqp"), default="redis")
     parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672")
     args = parser.parse_args(argv)
@@ -293,7 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server = RedisServer(workdir, _free_port(), "--appendonly", "no").start()
         base = server.url
     try:
-        results = asyncio.run(run(names, base, args.quick, args.repeat))
+        results = asyncio.run(run(names, base, args.quick, args.repeat, args.shards))
     finally:
         if server is not None:
             server.kill()
@@ -304,12 +317,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "redis": "private redis-server" if server is not None else "given URL",
         "repeat": args.repeat,
         "quick": args.quick,
+        "shards": args.shards,
         **results,
         "checks": [{"text": t, "holds": ok} for t, ok in checks(results["medians"])],
     }
     RESULTS.mkdir(exist_ok=True)
     stem = "attention-amqp-shares" if args.engine == "amqp" else "attention-redis-shares"
-    path = RESULTS / (f"{stem}-quick.json" if args.quick else f"{stem}.json")
+    name = stem + (f"-{args.shards}shards" if args.shards > 1 else "")
+    path = RESULTS / (name + ("-quick.json" if args.quick else ".json"))
     path.write_text(json.dumps(entry, indent=2))
     for c in entry["checks"]:
         print(("holds " if c["holds"] else "FAILS ") + c["text"])

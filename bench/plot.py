@@ -79,7 +79,8 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
     for system in ("fairq", "persist-queue", "huey"):
         pc = _rate(rows, system, "producer+consumers", 10)
         add(f"{system}\nproducer+\nconsumers", pc, system)
-    add("fairq Worker\ndrain", _rate(rows, "fairq", "Worker drain", 100), "fairq")
+    add("fairq\nWorker\nc=100", _rate(rows, "fairq", "Worker drain", 100), "fairq")
+    add("fairq\nWorker\nc=16", _rate(rows, "fairq", "Worker drain", 16), "fairq")
     add(
         "fairq receive(100)\n+ack_batch",
         _rate(rows, "fairq", "receive(100)+ack_batch drain", 100),

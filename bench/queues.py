@@ -81,7 +81,8 @@ NOTES = {
     (FAIRQ, PC, PC_BATCH): f"1 producer task, Worker(concurrency={PC_CONSUMERS}), same loop",
     (PQ, PC, PC_BATCH): f"1 producer thread, {PC_CONSUMERS} consumer threads, get(timeout)+ack",
     (HUEY, PC, PC_BATCH): f"1 producer thread, {PC_CONSUMERS} threads polling dequeue() every 1 ms",
-    (FAIRQ, DRAIN, 100): "Worker(concurrency=16), no-op async handler, backlog of N",
+    (FAIRQ, DRAIN, 100): "Worker(concurrency=100), no-op async handler, backlog of N",
+    (FAIRQ, DRAIN, 16): "Worker(concurrency=16) (the default), no-op async handler",
     (FAIRQ, LOWLEVEL, 100): "one task: receive(100) then ack_batch, same backlog",
     (FAIRQ, WAKE, 1): "producer process sends one at a time, 5-25 ms apart; receive(wait=)",
     (FAIRQ, STEADY, 1): "producer process at a steady rate; Worker(concurrency=16) consumes",
@@ -1004,14 +1005,14 @@ def run_live(
     from . import queues_live as live
 
     base = fresh("fairq-drain")
-    worker, low = live.worker_drain(base, bodies)
-    col.add(FAIRQ, DRAIN, 100, Measured(len(bodies), len(bodies) / worker))
-    col.add(FAIRQ, LOWLEVEL, 100, Measured(len(bodies), len(bodies) / low))
-    for mode in ("worker", "low-level"):
-        _remove(f"{base}-{mode}.db")
+    drains = live.worker_drain(base, bodies)
+    for concurrency, rate in drains.items():
+        phase = LOWLEVEL if concurrency == 0 else DRAIN
+        col.add(FAIRQ, phase, concurrency or 100, Measured(len(bodies), len(bodies) / rate))
+        _remove(f"{base}-{concurrency}.db")
     _say(
-        f"run {run}/{cfg.runs}  fairq drain: Worker {worker:,.0f}/s, "
-        f"receive(100)+ack_batch {low:,.0f}/s"
+        f"run {run}/{cfg.runs}  fairq drain: Worker(concurrency=100) {drains[100]:,.0f}/s, "
+        f"Worker(concurrency=16) {drains[16]:,.0f}/s, receive(100)+ack_batch {drains[0]:,.0f}/s"
     )
     path = fresh("fairq-wake")
     lat = live.wakeup(path, cfg.wake_n)
@@ -1167,7 +1168,7 @@ def evaluate_targets(col: Collector, scale: dict[str, Any]) -> list[dict[str, An
             "x",
         )
     check(
-        "Worker drain / receive(100)+ack_batch >= 0.8",
+        "Worker(concurrency=100) drain / receive(100)+ack_batch >= 0.8",
         ratio(col.rate(FAIRQ, DRAIN, 100), col.rate(FAIRQ, LOWLEVEL, 100)),
         0.8,
         "x",

@@ -13,7 +13,9 @@ process is this module run as ``python -m bench.queues_live <role> ...``.
 * **idle long poll**: a consumer long-polls an empty queue for ``idle_s`` seconds; its
   process CPU time (user + system, all threads) over that wall time.
 * **Worker drain**: a backlog of N messages drained by ``fairq.Worker`` (no-op async
-  handler, concurrency 16) beside ``receive(100)`` + ``ack_batch`` on the same backlog.
+  handler) with ``concurrency=100`` (it receives up to 100 at a time, as the low-level
+  loop does) and with the default 16, beside ``receive(100)`` + ``ack_batch`` on the same
+  backlog.
 """
 
 from __future__ import annotations
@@ -285,24 +287,25 @@ def idle(path: str, seconds: float) -> dict[str, Any]:
     return _result(proc, seconds + 60)
 
 
-async def _worker_drain(path: str, bodies: list[bytes]) -> tuple[float, float]:
-    """(Worker rate, receive(100)+ack_batch rate) on backlogs of ``len(bodies)``."""
+async def _worker_drain(path: str, bodies: list[bytes]) -> dict[int, float]:
+    """Drain rates on backlogs of ``len(bodies)``: ``{100: Worker(concurrency=100), 16:
+    Worker(concurrency=16), 0: receive(100)+ack_batch}``."""
     n = len(bodies)
-    rates = []
-    for mode in ("worker", "low-level"):
-        async with await fairq.connect(_url(f"{path}-{mode}.db")) as broker:
+    rates: dict[int, float] = {}
+    for concurrency in (100, 16, 0):
+        async with await fairq.connect(_url(f"{path}-{concurrency}.db")) as broker:
             q = await broker.declare_queue(QUEUE)
             for i in range(0, n, 1000):
                 await q.send_batch([fairq.Outgoing(b) for b in bodies[i : i + 1000]])
             gc.collect()
-            if mode == "worker":
+            if concurrency:
                 worker = fairq.Worker(
-                    broker, concurrency=WORKER_CONCURRENCY, handle_signals=False, grace=5.0
+                    broker, concurrency=concurrency, handle_signals=False, grace=5.0
                 )
                 count = 0
                 drained = asyncio.Event()
 
-                @worker.queue(QUEUE, concurrency=WORKER_CONCURRENCY)
+                @worker.queue(QUEUE, concurrency=concurrency)
                 async def handle(msg: fairq.Received, drained: asyncio.Event = drained) -> None:
                     nonlocal count
                     count += 1
@@ -325,12 +328,12 @@ async def _worker_drain(path: str, bodies: list[bytes]) -> tuple[float, float]:
                 seconds = time.perf_counter() - t0
             stats = await q.stats()
             if stats.depth:
-                raise RuntimeError(f"{mode}: {stats.depth} messages left after the drain")
-            rates.append(n / seconds)
-    return rates[0], rates[1]
+                raise RuntimeError(f"drain {concurrency}: {stats.depth} messages left")
+            rates[concurrency] = n / seconds
+    return rates
 
 
-def worker_drain(path: str, bodies: list[bytes]) -> tuple[float, float]:
+def worker_drain(path: str, bodies: list[bytes]) -> dict[int, float]:
     return asyncio.run(_worker_drain(path, bodies))
 
 

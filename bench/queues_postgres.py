@@ -7,7 +7,9 @@ worker), on the same server and database, with the same ~200-byte bodies.
     python -m bench.queues --backend postgres --soak       # the 20-minute soak (not in CI)
 
 Options: ``--pg-url`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``; a
-database ``fairq_bench`` is made beside it and dropped at the end), ``--n``, ``--runs``,
+database ``fairq_bench`` is made beside it and dropped at the end), or ``--own-cluster``
+(a throw-away cluster with the stock settings, initdb'd on a free port of
+``--cluster-ports``, default 15460-15469, removed at the end), ``--n``, ``--runs``,
 ``--rate`` and ``--latency-seconds`` (steady-rate latency), ``--soak-minutes``,
 ``--hold-minutes``. Phases:
 
@@ -21,10 +23,10 @@ database ``fairq_bench`` is made beside it and dropped at the end), ``--n``, ``-
   slow), a consumer here (fairq: receive(wait) + ack_batch, or a Worker; PGQueuer: its
   QueueManager); p50/p99 from each message's scheduled send time to its consumer.
 
-Each figure is the median of ``--runs`` runs, systems interleaved per run; ratios are to
-the raw loop and to the best peer of the same run. Results: ``bench/results/
-queues-postgres.json`` (``-quick``), the soak in ``queues-postgres-soak.json``;
-``python -m bench.plot_postgres`` draws them.
+Each figure is the median of ``--runs`` runs, systems interleaved per run (every other
+run in reverse order); ratios are to the raw loop and to the best peer of the same run.
+Results: ``bench/results/queues-postgres.json`` (``-quick``), the soak in
+``queues-postgres-soak.json``; ``python -m bench.plot_postgres`` draws them.
 """
 
 from __future__ import annotations
@@ -474,7 +476,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
     try:
         for r in range(runs):
-            for system in systems:
+            # every other run in reverse order: a machine whose load drifts during the
+            # bench (other processes) favours no system
+            for system in systems if r % 2 == 0 else systems[::-1]:
                 say(f"run {r + 1}/{runs}: {system}")
                 if system == RAW:
                     s, rv = await raw_phases(db, bodies)
@@ -604,11 +608,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--soak", action="store_true", help="run the soak instead (bench.soak)")
     p.add_argument("--soak-minutes", type=float, default=20.0)
     p.add_argument("--hold-minutes", type=float, default=2.0)
-    p.add_argument("--own-cluster", action="store_true", help="soak on a cluster of its own")
+    p.add_argument(
+        "--own-cluster", action="store_true", help="run on a throw-away cluster of its own"
+    )
+    p.add_argument(
+        "--cluster-ports",
+        type=_ports,
+        default=range(15460, 15470),
+        help="ports the own cluster may take (default 15460-15469)",
+    )
     p.add_argument("--json", type=Path)
     p.add_argument("--produce", help=argparse.SUPPRESS)  # the latency runs' producer process
     p.add_argument("--produce-url", help=argparse.SUPPRESS)
     return p.parse_args(argv)
+
+
+def _ports(text: str) -> range:
+    first, _, last = text.partition("-")
+    return range(int(first), int(last or first) + 1)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -623,7 +640,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         return soak(args)
     if args.quick and args.latency_seconds == 10.0:
         args.latency_seconds = 3.0
-    doc = asyncio.run(run(args))
+    cluster = None
+    if args.own_cluster:
+        from .soak_postgres import OwnCluster
+
+        cluster = OwnCluster(args.cluster_ports)
+        args.pg_url = cluster.url
+    try:
+        doc = asyncio.run(run(args))
+    finally:
+        if cluster is not None:
+            cluster.remove()
+    doc["server"] = "own cluster (stock settings)" if cluster else args.pg_url
     path = args.json or RESULTS / (
         "queues-postgres-quick.json" if args.quick else "queues-postgres.json"
     )

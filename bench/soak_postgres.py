@@ -58,19 +58,20 @@ async def _sizes(conn: psycopg.AsyncConnection[Any]) -> dict[str, float]:
 
 
 class OwnCluster:
-    """A PostgreSQL cluster of the soak's own (initdb as the postgres user, a port in 15450-59,
-    the packaged defaults: autovacuum on, fsync and synchronous_commit on), so the soak
-    measures what a stock server does whatever the shared server is configured to do."""
+    """A PostgreSQL cluster of the bench's own (initdb as the postgres user, a port in
+    ``ports`` — 15460-15469 unless told, the packaged defaults: autovacuum on, fsync and
+    synchronous_commit on), so the bench measures what a stock server does whatever the
+    shared server is configured to do (and leaves the shared one alone)."""
 
     BIN = Path("/usr/lib/postgresql/15/bin")
 
-    def __init__(self) -> None:
+    def __init__(self, ports: range = range(15460, 15470)) -> None:
         import shutil
         import socket
         import subprocess
         import tempfile
 
-        for port in range(15450, 15460):  # this project's spare ports
+        for port in ports:  # this project's spare ports
             with socket.socket() as probe:
                 try:
                     probe.bind(("127.0.0.1", port))
@@ -78,7 +79,7 @@ class OwnCluster:
                     continue
                 break
         else:
-            raise RuntimeError("no free port in 15450-15459")
+            raise RuntimeError(f"no free port in {ports.start}-{ports.stop - 1}")
 
         self.dir = Path(tempfile.mkdtemp(prefix="fairq-soak-"))
         shutil.chown(self.dir, "postgres", "postgres")
@@ -249,7 +250,7 @@ def plot(doc: dict[str, Any], path: Path) -> None:
 def soak(args: argparse.Namespace) -> int:
     cluster = None
     if args.own_cluster:
-        cluster = OwnCluster()
+        cluster = OwnCluster(args.cluster_ports)
         args.pg_url = cluster.url
     try:
         doc = asyncio.run(_run(args))

@@ -27,6 +27,17 @@ def service_up(host: str, port: int) -> bool:
         return False
 
 
+def commandstats(port: int) -> dict[str, int]:
+    """``INFO commandstats`` of the redis-server on ``port``: calls per command so far."""
+    import redis
+
+    r = redis.Redis(port=port)
+    try:
+        return {k: int(v["calls"]) for k, v in r.info("commandstats").items()}
+    finally:
+        r.close()
+
+
 def available() -> bool:
     return os.path.exists(REDIS_SERVER) and os.path.exists(REDIS_CLI)
 
@@ -135,8 +146,8 @@ class RedisServer:
 class RedisCluster:
     """Three masters on consecutive free ports, joined with ``redis-cli --cluster create``."""
 
-    def __init__(self, workdir: Path, masters: int = 3) -> None:
-        ports = free_ports(masters)
+    def __init__(self, workdir: Path, masters: int = 3, ports: list[int] | None = None) -> None:
+        ports = ports or free_ports(masters)
         self.nodes = [
             RedisServer(
                 workdir,

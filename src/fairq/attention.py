@@ -20,7 +20,7 @@ processing for granular queues" (MarketHub, 50,000 stores).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from .clock import ManualClock
@@ -284,7 +284,20 @@ class Attention:
         """Keep the slice's concurrency token; False if it was lost."""
         return await self._backend.attention_extend(self.name, s.token)
 
-    async def _end(self, s: Slice, processed: int, retry_at: float | None) -> None:
-        """End the slice: release the token; signal the key again if it has backlog left
-        (at ``retry_at`` when the key's rate ran out)."""
-        await self._backend.attention_end(self.name, s.token, processed, retry_at)
+    async def _end(
+        self,
+        s: Slice,
+        processed: int,
+        retry_at: float | None,
+        acks: Sequence[Received] = (),
+    ) -> list[str]:
+        """End the slice: ack ``acks`` first (its last handled messages: one step where the
+        engine can), release the token; signal the key again if it has backlog left (at
+        ``retry_at`` when the key's rate ran out). Returns the receipts of ``acks`` whose
+        lease was lost."""
+        if not acks:
+            await self._backend.attention_end(self.name, s.token, processed, retry_at)
+            return []
+        return await self._backend.attention_finish(
+            self.name, s.token, processed, retry_at, s.queue, [m.receipt for m in acks]
+        )

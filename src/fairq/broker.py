@@ -26,7 +26,7 @@ from .clock import Clock, SystemClock
 from .errors import ConnectionError, InvalidOption, Unsupported
 from .idempotency import IdempotencyStore, VersionGate
 from .message import check_name
-from .model.attention import DEFAULT_PLANS, Charge
+from .model.attention import DEFAULT_PLANS, Charge, default_work_queue
 from .model.queues import DEFAULT, queue_config_from_options
 from .pubsub import Topic, TopicConfig
 from .queue import Overflow, Queue
@@ -179,10 +179,11 @@ class Broker:
         *,
         plans: Mapping[str, Plan] | None = None,
         default_plan: str = "basic",
-        work_queue: str = "process.{domain}.{key}.work",
+        work_queue: str | None = None,
         queue_options: Mapping[str, Any] | None = None,
         slice_lease: float = 30.0,
         charge: Charge = "time",
+        shards: int = 1,
     ) -> Attention:
         """Create an attention domain (or update its options); return its handle.
 
@@ -192,17 +193,23 @@ class Broker:
         ``slice_lease`` how long a slice's concurrency token lives unless renewed.
         ``charge`` is what tenants share: ``"time"`` (default; a slice costs the seconds
         it holds a worker) or ``"messages"`` (the messages it handles), each over the
-        plan's ``weight``. ``work_queue`` cannot change once the domain has keys
+        plan's ``weight``. ``shards`` splits the domain into that many shards, each key in
+        the one ``shard_of(key, shards)`` names (a stable hash): on Redis Cluster each
+        shard is a slot of its own, so a big domain spreads over the nodes (docs/redis.md);
+        elsewhere only the queue names show it. ``work_queue`` defaults to
+        ``"process.{domain}.{key}.work"``, or ``"{domain}-{shard}.{key}.work"`` with more
+        than one shard. ``work_queue`` and ``shards`` cannot change once the domain has keys
         (``ConfigConflict``: their backlog is in the queues the old template named).
         """
         check_name(domain, "attention domain")
         config = AttentionConfig(
             plans=dict(plans) if plans is not None else dict(DEFAULT_PLANS),
             default_plan=default_plan,
-            work_queue=work_queue,
+            work_queue=default_work_queue(shards) if work_queue is None else work_queue,
             queue_options=dict(queue_options or {}),
             slice_lease=slice_lease,
             charge=charge,
+            shards=shards,
         ).validated(domain)
         lacking = self.backend.missing.get("worker_time_fairness")
         if lacking is not None and config.uses_worker_time_fairness():

@@ -169,3 +169,21 @@ async def test_work_queues_are_classic_unless_asked(url: str, kind: str) -> None
             await a._end(s, 0, None)
         assert (await broker.queue("process.market.k.work.dlq").stats()).visible == 1
         assert await a._take(0) is None
+
+
+async def test_a_domain_of_shards(broker: fairq.Broker) -> None:
+    """Work queues named with their shard; the store's domain has the same shards, over
+    the ticket queues (``fairq:market-<shard>.<key>.work``)."""
+    a = await broker.declare_attention("market", shards=4)
+    keys = [f"store-{i}" for i in range(8)]
+    for key in keys:
+        await a.publish(key, key)
+    names = {(await a.queue(key)).name for key in keys}
+    assert all(n.startswith("market-") and n.endswith(".work") for n in names)
+    assert len({n.split(".")[0] for n in names}) > 1, "keys spread over shards"
+    for name in names:
+        assert (await tickets(broker, name)).visible == 1
+    served = []
+    while (s := await a._take(0)) is not None:
+        served += await serve(a, s=s)
+    assert sorted(served) == sorted(k.encode() for k in keys)

@@ -12,6 +12,7 @@ import pytest
 
 import fairq
 from fairq.attention import Slice
+from fairq.model.attention import shard_of
 from races import extensions_after_acks
 
 pytestmark = pytest.mark.requires("attention")
@@ -71,6 +72,38 @@ async def test_declare_and_options(broker: fairq.Broker) -> None:
             await broker.declare_attention("bad", **bad)  # type: ignore[arg-type]
     with pytest.raises(fairq.AttentionNotFound):
         await broker.attention("never").publish("k", b"x")
+
+
+async def test_a_domain_of_shards_names_each_queue_by_its_keys_shard(
+    broker: fairq.Broker,
+) -> None:
+    """``shards`` splits a domain (on Redis Cluster: over slots); everywhere a key's queue
+    is named with ``shard_of(key, shards)``, every message is served once, and the counts
+    add up over the shards."""
+    a = await broker.declare_attention("market", plans=PLANS, shards=4)
+    config = await a.config()
+    assert (config.shards, config.work_queue) == (4, "{domain}-{shard}.{key}.work")
+    keys = [f"store-{i}" for i in range(12)]
+    for k in keys:
+        assert (await a.queue(k)).name == f"market-{shard_of(k, 4)}.{k}.work"
+        await a.publish_batch(k, [fairq.Outgoing(f"{k}/{j}") for j in range(3)])
+    assert len({shard_of(k, 4) for k in keys}) == 4
+    got: list[bytes] = []
+    while (s := await a._take(0)) is not None:
+        got.extend(await run_slice(a, s))
+    assert sorted(got) == sorted(f"{k}/{j}".encode() for k in keys for j in range(3))
+    st = await a.stats()
+    assert (st.keys, st.processed, st.signals_pending, st.slices) == (12, 36, 0, 0)
+    with pytest.raises(fairq.ConfigConflict):
+        await broker.declare_attention("market", plans=PLANS, shards=2)
+    for bad in (
+        {"shards": 0},
+        {"shards": True},
+        {"shards": 2, "work_queue": "process.{domain}.{key}.work"},  # no {shard}
+        {"shards": 2, "work_queue": "{domain}-{shard:x>9}.{key}"},
+    ):
+        with pytest.raises(fairq.InvalidOption):
+            await broker.declare_attention("bad", **bad)  # type: ignore[arg-type]
 
 
 async def test_work_queue_cannot_change_once_keys_exist(broker: fairq.Broker) -> None:

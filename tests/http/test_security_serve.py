@@ -314,10 +314,13 @@ def test_the_login_cookie_is_a_signed_session_not_the_key(tmp_path: Path) -> Non
 
 
 def test_sessions_expire(tmp_path: Path) -> None:
-    with serve(tmp_path, "--session-ttl", "1", env={"FAIRQ_API_KEYS": f"{ADMIN}:admin"}) as served:
+    # a ttl of 4 s: on a loaded machine the login and the first request took over a second
+    with serve(tmp_path, "--session-ttl", "4", env={"FAIRQ_API_KEYS": f"{ADMIN}:admin"}) as served:
+        logged_in = time.monotonic()
         cookie = log_in(served.url, ADMIN)
         assert with_cookie(served.url, cookie) == 200
-        time.sleep(2.1)  # the cookie's expiry has one-second resolution
+        # the cookie's expiry has one-second resolution
+        time.sleep(max(0.0, logged_in + 5.1 - time.monotonic()))
         assert with_cookie(served.url, cookie) == 401
 
 

@@ -196,15 +196,18 @@ async def _history(
             assert names[0] == names[1], f"step {step}: memory took {names[0]}, redis {names[1]}"
             taken.append(names[0])
             if got[0] is not None:
-                open_slices.append(got)
+                # received at once, as a worker does (Redis leases them with the take),
+                # and held as long as the history runs
+                received = [
+                    await a._receive(s, s.plan.max_messages, 1e6)
+                    for a, s in zip(domains, got, strict=True)
+                ]
+                assert len(received[0][0]) == len(received[1][0])
+                assert received[0][1] == received[1][1]
+                open_slices.append([*got, received])
         elif op == "serve" and open_slices:
-            pair = open_slices.pop(rng.randrange(len(open_slices)))
+            *pair, got = open_slices.pop(rng.randrange(len(open_slices)))
             per_message = rng.choice([0.001, 0.01, 0.2, 1.5])
-            got = [
-                await a._receive(s, s.plan.max_messages, None)
-                for a, s in zip(domains, pair, strict=True)
-            ]
-            assert len(got[0][0]) == len(got[1][0]) and got[0][1] == got[1][1]
             clock.advance(per_message * len(got[0][0]))
             for a, s, (msgs, retry_at) in zip(domains, pair, got, strict=True):
                 for m in msgs:
@@ -218,7 +221,7 @@ async def _history(
             for a in domains:
                 await a.set_resource(key, tenant=tenant)
     assert sum(t is not None for t in taken) > 40, "the history serves slices"
-    for pair in open_slices:
+    for *pair, _ in open_slices:
         for a, s in zip(domains, pair, strict=True):
             await a._end(s, 0, None)
     stats = [await a.tenant_stats() for a in domains]

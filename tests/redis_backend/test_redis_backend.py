@@ -8,33 +8,13 @@ import asyncio
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 
 import fairq
 from fairq.backends.redis.conn import parse_url
-from redis_servers import RedisServer, available, drop_prefix, service_up
-
-SHARED = ("127.0.0.1", 6379)
-
-
-def _need_shared() -> None:
-    if not service_up(*SHARED):
-        if os.environ.get("FAIRQ_REQUIRE_SERVICES") == "1":
-            pytest.fail("redis at 127.0.0.1:6379 is down and FAIRQ_REQUIRE_SERVICES=1")
-        pytest.skip("redis at 127.0.0.1:6379 is not reachable")
-
-
-@pytest.fixture
-def shared_url() -> Iterator[str]:
-    _need_shared()
-    import secrets
-
-    url = f"redis://127.0.0.1:6379/0?prefix=t-{secrets.token_hex(6)}:"
-    yield url
-    drop_prefix(url)
+from redis_servers import RedisServer, available, commandstats
 
 
 # -- URLs ----------------------------------------------------------------------------------
@@ -171,23 +151,6 @@ async def test_a_broker_does_not_hear_its_own_publishes_twice(shared_url: str) -
 
 
 # -- Redis Cluster -------------------------------------------------------------------------
-@pytest.fixture
-async def cluster_broker(request: pytest.FixtureRequest) -> AsyncIterator[fairq.Broker]:
-    if not available():
-        pytest.skip("redis-server is not installed")
-    import secrets
-
-    from redis_servers import session_cluster
-
-    url = f"{session_cluster()}?prefix=t-{secrets.token_hex(6)}:"
-    b = await fairq.connect(url)
-    try:
-        yield b
-    finally:
-        await b.close()
-        drop_prefix(url)
-
-
 async def test_cluster_ids_are_unique_and_ordered_within_a_family(
     cluster_broker: fairq.Broker,
 ) -> None:
@@ -239,25 +202,6 @@ async def test_cluster_refuses_a_domain_scattered_over_slots(cluster_broker: fai
 
 
 # -- costs that must not grow --------------------------------------------------------------
-@pytest.fixture
-def private(tmp_path: Path) -> Iterator[RedisServer]:
-    if not available():
-        pytest.skip("redis-server is not installed")
-    server = RedisServer(tmp_path, None).start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def _calls(port: int) -> dict[str, int]:
-    import redis
-
-    r = redis.Redis(port=port)
-    try:
-        return {k: int(v["calls"]) for k, v in r.info("commandstats").items()}
-    finally:
-        r.close()
 
 
 async def test_status_costs_the_same_at_100_and_20000_fans(private: RedisServer) -> None:
@@ -270,10 +214,10 @@ async def test_status_costs_the_same_at_100_and_20000_fans(private: RedisServer)
             tickets = await room.join_many([f"fan-{i}" for i in range(fans)])
             await room.admit(10)
             await room.status(tickets[0].ticket)  # the script loaded (an EVAL the first time)
-            before = _calls(private.port)
+            before = commandstats(private.port)
             for t in (tickets[-1], tickets[fans // 2], tickets[3]):  # waiting and admitted
                 await room.status(t.ticket)
-            after = _calls(private.port)
+            after = commandstats(private.port)
             costs.append({k: after[k] - before.get(k, 0) for k in after})
     assert costs[0] == costs[1], costs
 
@@ -317,7 +261,7 @@ async def test_a_big_receive_leaves_its_lease_set_a_skiplist(shared_url: str) ->
     import redis
 
     prefix = shared_url.split("prefix=")[1]
-    r = redis.Redis(port=SHARED[1])
+    r = redis.Redis(port=6379)
     try:
         async with await fairq.connect(shared_url) as b:
             q = await b.declare_queue("wide")

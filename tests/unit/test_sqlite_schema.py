@@ -137,3 +137,36 @@ async def test_a_version_7_file_is_upgraded_with_its_attention_domains(tmp_path:
     indexes = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index'")}
     assert "fairq_att_ix_vt" in indexes and "fairq_att_ix_turn" not in indexes
     conn.close()
+
+
+async def test_a_version_8_file_is_upgraded_with_its_counts(tmp_path: Path) -> None:
+    """Version 9 counts sends later (``fairq_queues.sent_upto``): the messages an older
+    fairq stored, and counted at once, are not counted a second time."""
+    db = tmp_path / "old.db"
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        q = await broker.declare_queue("kept")
+        await q.send_batch([fairq.Outgoing(b"old") for _ in range(5)])
+        (m,) = await q.receive()
+        await m.ack()
+        before = await q.stats()  # counts everything stored so far, as schema 8 did
+    assert (before.sent, before.visible, before.acked) == (5, 4, 1)
+    conn = sqlite3.connect(db)  # make it what fairq wrote at schema 8
+    conn.execute("ALTER TABLE fairq_queues DROP COLUMN sent_upto")
+    conn.execute("UPDATE fairq_meta SET value = 8 WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        q = broker.queue("kept")
+        s = await q.stats()
+        assert (s.sent, s.visible, s.in_flight, s.acked) == (5, 4, 0, 1)
+        await q.send(b"new")
+        got = await q.receive(max_messages=10)
+        assert len(got) == 5
+        await q.ack_batch([m.receipt for m in got])
+        s = await q.stats()
+        assert (s.sent, s.visible, s.in_flight, s.acked) == (6, 0, 0, 6)
+    conn = sqlite3.connect(db)
+    assert conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone() == (
+        SCHEMA_VERSION,
+    )
+    conn.close()

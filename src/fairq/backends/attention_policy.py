@@ -70,12 +70,18 @@ Action = Literal["drop", "park", "block", "empty", "rate_limited", "slice"]
 
 
 def check_change(domain: str, old: AttentionConfig, new: AttentionConfig, has_keys: bool) -> None:
-    """Redeclaring a domain may change its options, but not ``work_queue`` once it has
-    keys: their backlog sits in the queues the old template named (``ConfigConflict``)."""
+    """Redeclaring a domain may change its options, but not ``work_queue`` or ``shards``
+    once it has keys: their backlog sits in the queues the old template and shard count
+    named (``ConfigConflict``)."""
     if has_keys and new.work_queue != old.work_queue:
         raise ConfigConflict(
             f"work_queue of attention domain {domain!r} cannot change once it has keys "
             f"({old.work_queue!r}); delete_attention first"
+        )
+    if has_keys and new.shards != old.shards:
+        raise ConfigConflict(
+            f"shards of attention domain {domain!r} cannot change once it has keys "
+            f"({old.shards}); delete_attention first"
         )
 
 

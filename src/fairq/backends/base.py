@@ -375,6 +375,22 @@ class Backend(ABC):
         it has backlog left (delayed to ``retry_at`` when its rate ran out, or to its next
         due message when only delayed or leased ones are left)."""
 
+    async def attention_finish(
+        self,
+        domain: str,
+        token: str,
+        processed: int,
+        retry_at: float | None,
+        queue: str,
+        receipts: list[str],
+    ) -> list[str]:
+        """Ack ``receipts`` (the slice's last handled messages, of its ``queue``), then
+        :meth:`attention_end`; return the receipts that were not current leases. An engine
+        may do both in one step (Redis: one script); the default makes the two calls."""
+        lost = await self.ack(queue, receipts) if receipts else []
+        await self.attention_end(domain, token, processed, retry_at)
+        return lost
+
     @abstractmethod
     async def attention_set_resource(
         self, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None

@@ -4,142 +4,32 @@
 it, :mod:`fairq.http.openapi` turns it into ``/openapi.json`` and ``docs/http-api.md``.
 A :class:`Route` names its method, path, required scope, request body, query and
 response models (:mod:`fairq.http.models`); its handler gets a :class:`Call` with the
-decoded, checked values and returns a response model (or None for ``204``).
+decoded, checked values and returns a response model (or None for ``204``). The queue,
+dashboard and server handlers are here; topics, attention domains, waiting rooms and
+idempotency have a module each (``api_topics``, ``api_attention``, ``api_rooms``,
+``api_idempotency``), and what they all share is in :mod:`fairq.http.calls`.
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import urlsplit
 
 import msgspec
-import orjson
-from starlette.requests import Request
 from starlette.responses import Response
 
 from ..attention import KeyStats
 from ..broker import Broker
-from ..errors import InvalidOption, QueueNotFound
-from ..message import check_key, check_name
-from ..pubsub import Topic
+from ..errors import QueueNotFound
+from ..message import check_name
 from ..waitingroom import RoomStats, Status, Ticket
+from . import api_attention as att
 from . import api_idempotency as idem
 from . import api_rooms as rooms
+from . import api_topics as topics
 from . import models as m
-from .auth import Principal, Scope
-from .errors import ApiError
-from .nesting import MAX_DEPTH, too_deep
+from .calls import PATH_PARAMS, Call, Limits, Route, ServerState, check_batch, check_wait
 
-InfoT = TypeVar("InfoT")
-
-if TYPE_CHECKING:
-    from .metrics import Metrics
-    from .sampler import Sampler
-
-__all__ = ["ROUTES", "Call", "Limits", "Route", "ServerState"]
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """What one request may ask for. ``max_body`` None: ``max_message_bytes × max_batch``."""
-
-    max_batch: int = 100
-    max_wait: float = 20.0
-    max_receipts: int = 1000
-    max_body: int | None = None
-
-    def body_limit(self, max_message_bytes: int) -> int:
-        return self.max_body if self.max_body is not None else max_message_bytes * self.max_batch
-
-    def value(self, name: str) -> float:
-        return float(getattr(self, name))
-
-
-@dataclass(slots=True)
-class ServerState:
-    """What handlers share: the broker, the limits, the stats sampler and the metrics."""
-
-    broker: Broker
-    limits: Limits
-    sampler: Sampler
-    metrics: Metrics
-    auth: bool = False
-    #: room name (or "*") -> the secret= a room was made with (``FAIRQ_ROOM_SECRETS``)
-    room_secrets: Mapping[str, bytes] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class Call:
-    """One request, decoded: path parameters, body and query models."""
-
-    request: Request
-    state: ServerState
-    path: dict[str, str]
-    body: Any = None
-    query: Any = None
-    #: who made the request; None on a public route called without a valid key
-    principal: Principal | None = None
-
-    @property
-    def broker(self) -> Broker:
-        return self.state.broker
-
-
-Handler = Callable[[Call], Awaitable[Any]]
-
-
-@dataclass(frozen=True, slots=True)
-class Route:
-    """One operation of the API (see the module docstring)."""
-
-    method: str
-    path: str
-    op: str
-    tag: str
-    scope: Scope
-    summary: str
-    handler: Handler
-    body: type | None = None
-    query: type | None = None
-    response: type | None = None
-    status: int = 200
-    errors: tuple[int, ...] = ()
-    stream: bool = False  # text/event-stream
-    idempotent: bool = False  # honours Idempotency-Key (api_idempotency.IdempotentCall)
-    description: str = ""
-
-    @property
-    def path_params(self) -> list[str]:
-        return re.findall(r"\{(\w+)\}", self.path)
-
-
-#: path parameters: name → (what it is, JSON schema pattern)
-PATH_PARAMS: dict[str, tuple[str, str]] = {
-    "queue": ("queue name", m.NAME_PATTERN),
-    "topic": ("topic name", m.NAME_PATTERN),
-    "subscription": ("subscription name", m.NAME_PATTERN),
-    "domain": ("attention domain name", m.NAME_PATTERN),
-    "key": ("attention key, or idempotency key", m.KEY_PATTERN),
-    "room": ("waiting room name", m.NAME_PATTERN),
-    "namespace": ("idempotency or version namespace", m.NAME_PATTERN),
-    "entity": ("entity id", m.KEY_PATTERN),
-}
-
-
-def _check_batch(c: Call, n: int, what: str = "max_batch") -> None:
-    most = getattr(c.state.limits, what)
-    if n > most:
-        raise ApiError(422, "validation_error", f"at most {most} items per request, got {n}")
-
-
-def _check_wait(c: Call, seconds: float) -> None:
-    if seconds > c.state.limits.max_wait:
-        raise ApiError(
-            422, "validation_error", f"wait at most {c.state.limits.max_wait:g} s, got {seconds:g}"
-        )
+__all__ = ["PATH_PARAMS", "ROUTES", "Call", "Limits", "Route", "ServerState"]
 
 
 # -- queues --------------------------------------------------------------------------------
@@ -184,16 +74,16 @@ async def delete_queue(c: Call) -> None:
 
 async def send(c: Call) -> m.Ids:
     body: m.SendRequest = c.body
-    _check_batch(c, len(body.messages))
-    _check_wait(c, body.timeout)
+    check_batch(c, len(body.messages))
+    check_wait(c, body.timeout)
     q = c.broker.queue(c.path["queue"])
     return m.Ids(await q.send_batch([o.to_outgoing() for o in body.messages], body.timeout))
 
 
 async def receive(c: Call) -> m.Messages:
     body: m.ReceiveRequest = c.body
-    _check_batch(c, body.max_messages)
-    _check_wait(c, body.wait)
+    check_batch(c, body.max_messages)
+    check_wait(c, body.wait)
     q = c.broker.queue(c.path["queue"])
     got = await q.receive(body.max_messages, body.visibility_timeout, body.wait)
     return m.Messages([m.message(x) for x in got])
@@ -207,7 +97,7 @@ async def peek(c: Call) -> m.Messages:
 
 async def ack(c: Call) -> m.AckResult:
     body: m.AckRequest = c.body
-    _check_batch(c, len(body.receipts), "max_receipts")
+    check_batch(c, len(body.receipts), "max_receipts")
     backend = c.broker.backend
     name = check_name(c.path["queue"])
     lost = await backend.ack(name, body.receipts)
@@ -221,7 +111,7 @@ async def nack(c: Call) -> None:
 
 async def extend(c: Call) -> m.ExtendResult:
     body: m.ExtendRequest = c.body
-    _check_batch(c, len(body.receipts), "max_receipts")
+    check_batch(c, len(body.receipts), "max_receipts")
     lost = await c.broker.queue(c.path["queue"]).extend_batch(body.receipts, body.seconds)
     return m.ExtendResult(lost)
 
@@ -246,222 +136,6 @@ async def history(c: Call) -> m.History:
     name = check_name(c.path["queue"])
     await c.broker.queue(name).stats()
     return c.state.sampler.history(name)
-
-
-# -- topics --------------------------------------------------------------------------------
-async def topic_info(broker: Broker, name: str) -> m.TopicInfo:
-    t = broker.topic(name)
-    config = await t.config()
-    subs = await t.subscriptions()
-    return m.TopicInfo(
-        name=name,
-        dedup_window=config.dedup_window,
-        stats=await t.stats(),
-        subscriptions=[m.subscription(s) for s in subs],
-    )
-
-
-async def _infos(
-    broker: Broker, names: list[str], info: Callable[[Broker, str], Awaitable[InfoT]]
-) -> list[InfoT]:
-    """``info`` of each name, leaving out the ones deleted meanwhile."""
-    infos = []
-    for name in names:
-        try:
-            infos.append(await info(broker, name))
-        except LookupError:
-            continue
-    return infos
-
-
-async def list_topics(c: Call) -> m.TopicList:
-    q: m.PrefixQuery = c.query
-    names = await c.broker.list_topics(q.prefix)
-    return m.TopicList(await _infos(c.broker, names, topic_info))
-
-
-async def declare_topic(c: Call) -> m.TopicInfo:
-    body: m.TopicOptions = c.body
-    await c.broker.declare_topic(c.path["topic"], dedup_window=body.dedup_window)
-    return await topic_info(c.broker, c.path["topic"])
-
-
-async def get_topic(c: Call) -> m.TopicInfo:
-    return await topic_info(c.broker, check_name(c.path["topic"], "topic"))
-
-
-async def delete_topic(c: Call) -> None:
-    name = c.path["topic"]
-    if not await c.broker.delete_topic(name):
-        from ..errors import TopicNotFound
-
-        raise TopicNotFound(name)
-
-
-async def _topic(c: Call) -> Topic:
-    t = c.broker.topic(c.path["topic"])
-    await t.config()  # TopicNotFound before anything else
-    return t
-
-
-async def subscribe(c: Call) -> m.SubscriptionInfo:
-    body: m.SubscribeRequest = c.body
-    t = await _topic(c)
-    name = c.path["subscription"]
-    options = body.queue_options.to_options() if body.queue_options else {}
-    await t.subscribe(name, filter=body.filter, routing=body.routing, push=body.push, **options)
-    for s in await t.subscriptions():
-        if s.name == name:
-            return m.subscription(s)
-    raise ApiError(409, "not_found", f"subscription {name!r} was removed meanwhile")
-
-
-async def list_subscriptions(c: Call) -> m.SubscriptionList:
-    t = await _topic(c)
-    return m.SubscriptionList([m.subscription(s) for s in await t.subscriptions()])
-
-
-async def unsubscribe(c: Call) -> None:
-    t = await _topic(c)
-    name = c.path["subscription"]
-    if not await t.unsubscribe(name):
-        raise ApiError(404, "not_found", f"topic {t.name!r} has no subscription {name!r}")
-
-
-async def publish(c: Call) -> m.Published:
-    body: m.PublishRequest = c.body
-    _check_batch(c, len(body.messages))
-    _check_wait(c, body.timeout)
-    t = await _topic(c)
-    results = await t.publish_batch([o.to_outgoing() for o in body.messages], body.timeout)
-    return m.Published(results)
-
-
-async def stream(c: Call) -> Response:
-    from .stream import topic_stream
-
-    q: m.StreamQuery = c.query
-    t = await _topic(c)
-    policy = None
-    if q.filter is not None:
-        if too_deep(q.filter):
-            raise ApiError(400, "bad_request", f"filter nests more than {MAX_DEPTH} levels deep")
-        try:
-            policy = orjson.loads(q.filter)
-        except orjson.JSONDecodeError as exc:
-            raise ApiError(400, "bad_request", f"filter is not JSON: {exc}") from exc
-    listener = t.listen(routing=q.routing, filter=policy, buffer=q.buffer)
-    return topic_stream(listener)
-
-
-# -- attention -----------------------------------------------------------------------------
-async def attention_info(broker: Broker, name: str) -> m.AttentionInfo:
-    a = broker.attention(name)
-    config = await a.config()
-    return m.AttentionInfo(
-        name=name,
-        queue=a.queue_name,
-        config=m.attention_config(config),
-        stats=await a.stats(),
-    )
-
-
-async def list_attention(c: Call) -> m.AttentionList:
-    q: m.PrefixQuery = c.query
-    names = await c.broker.list_attention(q.prefix)
-    return m.AttentionList(await _infos(c.broker, names, attention_info))
-
-
-async def declare_attention(c: Call) -> m.AttentionInfo:
-    from ..attention import Plan
-
-    body: m.AttentionOptions = c.body
-    plans = None
-    if body.plans is not None:
-        plans = {
-            n: Plan(p.max_concurrency, p.max_messages, p.max_time, p.rate, p.burst, p.weight)
-            for n, p in body.plans.items()
-        }
-    domain = c.path["domain"]
-    await c.broker.declare_attention(
-        domain,
-        plans=plans,
-        default_plan=body.default_plan,
-        work_queue=body.work_queue,
-        queue_options=body.queue_options.to_options() if body.queue_options else None,
-        slice_lease=body.slice_lease,
-        charge=body.charge,
-    )
-    return await attention_info(c.broker, domain)
-
-
-async def get_attention(c: Call) -> m.AttentionInfo:
-    return await attention_info(c.broker, check_name(c.path["domain"], "attention domain"))
-
-
-async def delete_attention(c: Call) -> None:
-    name = c.path["domain"]
-    if not await c.broker.delete_attention(name):
-        from ..errors import AttentionNotFound
-
-        raise AttentionNotFound(name)
-
-
-async def attention_publish(c: Call) -> m.Ids:
-    body: m.SendRequest = c.body
-    _check_batch(c, len(body.messages))
-    _check_wait(c, body.timeout)
-    a = c.broker.attention(c.path["domain"])
-    key = check_key(c.path["key"])
-    await a.config()
-    return m.Ids(await a.publish_batch(key, [o.to_outgoing() for o in body.messages], body.timeout))
-
-
-async def set_resource(c: Call) -> KeyStats:
-    body: m.ResourceRequest = c.body
-    a = c.broker.attention(c.path["domain"])
-    key = check_key(c.path["key"])
-    config = await a.config()
-    if body.plan is not None and body.plan not in config.plans:
-        raise InvalidOption(
-            f"plan {body.plan!r} is not one of the domain's plans: {', '.join(config.plans)}"
-        )
-    await a.set_resource(key, plan=body.plan, state=body.state, tenant=body.tenant)
-    return await _key_stats(c, key)
-
-
-async def _key_stats(c: Call, key: str) -> KeyStats:
-    a = c.broker.attention(c.path["domain"])
-    for k in await a.key_stats(top=1_000_000):
-        if k.key == key:
-            return k
-    raise ApiError(404, "not_found", f"attention domain {a.name!r} has no key {key!r}")
-
-
-async def get_key(c: Call) -> KeyStats:
-    key = check_key(c.path["key"])
-    await c.broker.attention(c.path["domain"]).config()
-    return await _key_stats(c, key)
-
-
-async def remove_key(c: Call) -> None:
-    q: m.RemoveQuery = c.query
-    a = c.broker.attention(c.path["domain"])
-    key = check_key(c.path["key"])
-    await a.config()
-    await a.remove(key, purge=q.purge)
-
-
-async def key_stats(c: Call) -> m.KeyList:
-    q: m.KeysQuery = c.query
-    a = c.broker.attention(c.path["domain"])
-    return m.KeyList(await a.key_stats(top=q.top))
-
-
-async def tenant_stats(c: Call) -> m.TenantList:
-    q: m.KeysQuery = c.query
-    a = c.broker.attention(c.path["domain"])
-    return m.TenantList(await a.tenant_stats(top=q.top))
 
 
 # -- the dashboard's view and the server ---------------------------------------------------
@@ -540,34 +214,34 @@ ROUTES: tuple[Route, ...] = (
           response=m.History, errors=(400, 404)),
     # topics
     Route("GET", "/v1/topics", "listTopics", T, "read",
-          "List topics with their stats and subscriptions", list_topics,
+          "List topics with their stats and subscriptions", topics.list_topics,
           query=m.PrefixQuery, response=m.TopicList),
     Route("PUT", "/v1/topics/{topic}", "declareTopic", T, "admin",
-          "Declare a topic (create, or update its options)", declare_topic,
+          "Declare a topic (create, or update its options)", topics.declare_topic,
           body=m.TopicOptions, response=m.TopicInfo, errors=(400, 422)),
     Route("GET", "/v1/topics/{topic}", "getTopic", T, "read",
-          "A topic's options, stats and subscriptions", get_topic, response=m.TopicInfo,
+          "A topic's options, stats and subscriptions", topics.get_topic, response=m.TopicInfo,
           errors=(400, 404)),
     Route("DELETE", "/v1/topics/{topic}", "deleteTopic", T, "admin",
-          "Delete a topic, its subscriptions and their queues", delete_topic, status=204,
+          "Delete a topic, its subscriptions and their queues", topics.delete_topic, status=204,
           errors=(400, 404)),
     Route("GET", "/v1/topics/{topic}/subscriptions", "listSubscriptions", T, "read",
-          "A topic's subscriptions", list_subscriptions, response=m.SubscriptionList,
+          "A topic's subscriptions", topics.list_subscriptions, response=m.SubscriptionList,
           errors=(400, 404)),
     Route("PUT", "/v1/topics/{topic}/subscriptions/{subscription}", "subscribe", T, "admin",
           "Create or update a subscription (its queue is `<topic>.<subscription>`)",
-          subscribe, body=m.SubscribeRequest, response=m.SubscriptionInfo,
+          topics.subscribe, body=m.SubscribeRequest, response=m.SubscriptionInfo,
           errors=(400, 404, 409, 422)),
     Route("DELETE", "/v1/topics/{topic}/subscriptions/{subscription}", "unsubscribe", T,
-          "admin", "Remove a subscription and delete its queue", unsubscribe, status=204,
+          "admin", "Remove a subscription and delete its queue", topics.unsubscribe, status=204,
           errors=(400, 404)),
     Route("POST", "/v1/topics/{topic}/messages", "publishMessages", T, "send",
           "Publish a batch of messages to every matching subscription (all or none)",
-          publish, body=m.PublishRequest, response=m.Published,
+          topics.publish, body=m.PublishRequest, response=m.Published,
           errors=(400, 404, 409, 413, 422, 429), idempotent=True),
     Route("GET", "/v1/topics/{topic}/stream", "streamTopic", T, "receive",
           "Listen live (Server-Sent Events): what is published from now on, at most once",
-          stream, query=m.StreamQuery, stream=True, errors=E_Q,
+          topics.stream, query=m.StreamQuery, stream=True, errors=E_Q,
           description="Each message is an event `message` whose data is a Message (JSON) "
           "and whose id is the message id; a listener more than `buffer` messages behind "
           "loses the oldest, announced by an event `dropped` with the count so far. A "
@@ -575,36 +249,36 @@ ROUTES: tuple[Route, ...] = (
           "through this server process."),
     # attention
     Route("GET", "/v1/attention", "listAttention", A, "read",
-          "List attention domains with their options and counters", list_attention,
+          "List attention domains with their options and counters", att.list_attention,
           query=m.PrefixQuery, response=m.AttentionList),
     Route("PUT", "/v1/attention/{domain}", "declareAttention", A, "admin",
-          "Declare an attention domain (create, or update its options)", declare_attention,
+          "Declare an attention domain (create, or update its options)", att.declare_attention,
           body=m.AttentionOptions, response=m.AttentionInfo, errors=(400, 409, 422)),
     Route("GET", "/v1/attention/{domain}", "getAttention", A, "read",
-          "An attention domain's options and counters", get_attention,
+          "An attention domain's options and counters", att.get_attention,
           response=m.AttentionInfo, errors=(400, 404)),
     Route("DELETE", "/v1/attention/{domain}", "deleteAttention", A, "admin",
           "Delete an attention domain's keys and signals (its work queues stay)",
-          delete_attention, status=204, errors=(400, 404)),
+          att.delete_attention, status=204, errors=(400, 404)),
     Route("GET", "/v1/attention/{domain}/keys", "attentionKeys", A, "read",
-          "The busiest keys (by backlog, then in flight)", key_stats, query=m.KeysQuery,
+          "The busiest keys (by backlog, then in flight)", att.key_stats, query=m.KeysQuery,
           response=m.KeyList, errors=E_Q),
     Route("GET", "/v1/attention/{domain}/tenants", "attentionTenants", A, "read",
           "The busiest tenants over the last minute: worker-time share, slices, messages, "
-          "backlog, at cap", tenant_stats, query=m.KeysQuery, response=m.TenantList,
+          "backlog, at cap", att.tenant_stats, query=m.KeysQuery, response=m.TenantList,
           errors=E_Q),
     Route("GET", "/v1/attention/{domain}/keys/{key}", "getAttentionKey", A, "read",
-          "One key's backlog, slices, plan, state and tenant", get_key,
+          "One key's backlog, slices, plan, state and tenant", att.get_key,
           response=KeyStats, errors=(400, 404)),
     Route("PATCH", "/v1/attention/{domain}/keys/{key}", "setResource", A, "admin",
-          "Set a key's plan, state and/or tenant", set_resource, body=m.ResourceRequest,
+          "Set a key's plan, state and/or tenant", att.set_resource, body=m.ResourceRequest,
           response=KeyStats, errors=E_Q),
     Route("DELETE", "/v1/attention/{domain}/keys/{key}", "removeKey", A, "admin",
           "Mark a key removed (its signals are dropped); `purge` also empties its queue",
-          remove_key, query=m.RemoveQuery, status=204, errors=E_Q),
+          att.remove_key, query=m.RemoveQuery, status=204, errors=E_Q),
     Route("POST", "/v1/attention/{domain}/keys/{key}/messages", "publishToKey", A, "send",
           "Publish work for a key (work messages and the key's signal, atomically)",
-          attention_publish, body=m.SendRequest, response=m.Ids,
+          att.attention_publish, body=m.SendRequest, response=m.Ids,
           errors=(400, 404, 409, 413, 422, 429)),
     # waiting rooms
     Route("GET", "/v1/rooms", "listRooms", R, "read", "List waiting rooms with their stats",

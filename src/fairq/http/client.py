@@ -194,18 +194,21 @@ class Client:
         *,
         plans: Mapping[str, Plan] | None = None,
         default_plan: str = "basic",
-        work_queue: str = "process.{domain}.{key}.work",
+        work_queue: str | None = None,
         queue_options: Mapping[str, Any] | None = None,
         slice_lease: float = 30.0,
         charge: str = "time",
+        shards: int = 1,
     ) -> RemoteAttention:
         """Create an attention domain (or update its options)."""
         body: dict[str, Any] = {
             "default_plan": default_plan,
-            "work_queue": work_queue,
             "slice_lease": slice_lease,
             "charge": charge,
+            "shards": shards,
         }
+        if work_queue is not None:
+            body["work_queue"] = work_queue
         if plans is not None:
             body["plans"] = {n: p.to_dict() for n, p in plans.items()}
         if queue_options is not None:

@@ -216,10 +216,11 @@ class AttentionOptions(Request):
 
     plans: dict[Name, PlanModel] | None = None
     default_plan: Name = "basic"
-    work_queue: Annotated[str, Meta(min_length=1, max_length=200)] = "process.{domain}.{key}.work"
+    work_queue: Annotated[str, Meta(min_length=1, max_length=200)] | None = None
     queue_options: QueueOptions | None = None
     slice_lease: PositiveSeconds = 30.0
     charge: Literal["time", "messages"] = "time"
+    shards: Annotated[int, Meta(ge=1, le=1024)] = 1
 
 
 class ResourceRequest(Request):
@@ -357,6 +358,7 @@ class AttentionConfigInfo(Struct, kw_only=True):
     queue_options: dict[str, Any]
     slice_lease: float
     charge: str = "time"
+    shards: int = 1
 
 
 class AttentionInfo(Struct, kw_only=True):
@@ -526,6 +528,7 @@ def attention_config(c: AttentionConfig) -> AttentionConfigInfo:
         queue_options=dict(c.queue_options),
         slice_lease=c.slice_lease,
         charge=c.charge,
+        shards=c.shards,
     )
 
 

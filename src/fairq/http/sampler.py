@@ -226,7 +226,8 @@ class Sampler:
             return self._overview
 
     async def _build(self, max_age: float) -> m.Overview:
-        from .api import attention_info, topic_info
+        from .api_attention import attention_info
+        from .api_topics import topic_info
 
         snap = await self.fresh(max_age)
         dlqs = {d for d in self._dead_letters.values() if d}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import string
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -19,8 +20,10 @@ __all__ = [
     "DEFAULT_PLANS",
     "DROPPING_STATES",
     "LONGEST_KEY",
+    "MAX_SHARDS",
     "PARKING_STATES",
     "RESOURCE_STATES",
+    "SHARDED_WORK_QUEUE",
     "TENANT_WINDOW",
     "AttentionConfig",
     "AttentionStats",
@@ -32,6 +35,8 @@ __all__ = [
     "Slice",
     "TenantStats",
     "check_work_queue",
+    "default_work_queue",
+    "shard_of",
 ]
 
 
@@ -143,13 +148,32 @@ DEFAULT_PLANS = {
 #: the longest attention key (``message.check_key``): what a work queue name must fit
 LONGEST_KEY = 100
 
+#: the most shards a domain may have
+MAX_SHARDS = 1024
 
-def check_work_queue(template: object, domain: str) -> None:
+#: the default work queue template of a domain of more than one shard: each shard's queues
+#: form a family of their own (on Redis Cluster: a slot of their own)
+SHARDED_WORK_QUEUE = "{domain}-{shard}.{key}.work"
+
+
+def default_work_queue(shards: int) -> str:
+    """The work queue template a domain of ``shards`` shards gets unless it names one."""
+    return "process.{domain}.{key}.work" if shards == 1 else SHARDED_WORK_QUEUE
+
+
+def shard_of(key: str, shards: int) -> int:
+    """The shard of ``key`` in a domain of ``shards`` shards: CRC-32 of its UTF-8 bytes
+    modulo ``shards`` — stable across processes, hosts and Python versions."""
+    return zlib.crc32(key.encode("utf-8")) % shards if shards > 1 else 0
+
+
+def check_work_queue(template: object, domain: str, shards: int = 1) -> None:
     """Raise ``InvalidOption`` unless ``template`` is a work queue template of ``domain``:
-    text with plain ``{domain}`` and ``{key}`` fields only — no format spec, conversion,
-    index or other name, since ``str.format`` would obey ``{key:x>99999999999}`` and
-    allocate that much — that contains ``{key}`` and makes a valid queue name for the
-    longest key (100 characters)."""
+    text with plain ``{domain}``, ``{key}`` and ``{shard}`` fields only — no format spec,
+    conversion, index or other name, since ``str.format`` would obey
+    ``{key:x>99999999999}`` and allocate that much — that contains ``{key}`` (and
+    ``{shard}`` when the domain has more than one shard) and makes a valid queue name for
+    the longest key (100 characters)."""
     if not isinstance(template, str):
         raise InvalidOption(f"work_queue must be a string, got {template!r}")
     example = "'process.{domain}.{key}.work'"
@@ -162,14 +186,19 @@ def check_work_queue(template: object, domain: str) -> None:
     except ValueError as exc:  # a lone brace
         raise InvalidOption(f"work_queue {template!r} is not a template ({exc})") from None
     for name, spec, conversion in fields:
-        if name not in ("domain", "key") or spec or conversion:
+        if name not in ("domain", "key", "shard") or spec or conversion:
             raise InvalidOption(
-                f"work_queue {template!r} may use only plain {{domain}} and {{key}} fields "
-                f"(no format spec or conversion), e.g. {example}"
+                f"work_queue {template!r} may use only plain {{domain}}, {{key}} and "
+                f"{{shard}} fields (no format spec or conversion), e.g. {example}"
             )
     if not any(name == "key" for name, _, _ in fields):
         raise InvalidOption(f"work_queue must contain {{key}}, e.g. {example}")
-    longest = template.format(domain=domain, key="k" * LONGEST_KEY)
+    if shards > 1 and not any(name == "shard" for name, _, _ in fields):
+        raise InvalidOption(
+            f"work_queue {template!r} of a domain of {shards} shards must contain {{shard}} "
+            f"(each key's queue is named with its shard), e.g. {SHARDED_WORK_QUEUE!r}"
+        )
+    longest = template.format(domain=domain, key="k" * LONGEST_KEY, shard=MAX_SHARDS - 1)
     if len(longest) > 200:
         raise InvalidOption(
             f"work_queue {template!r} makes names of {len(longest)} characters for the "
@@ -188,6 +217,7 @@ class AttentionConfig:
     queue_options: Mapping[str, Any] = field(default_factory=dict)
     slice_lease: float = 30.0
     charge: Charge = "time"
+    shards: int = 1
 
     def validated(self, domain: str) -> AttentionConfig:
         if not isinstance(self.plans, Mapping) or not self.plans:
@@ -202,7 +232,13 @@ class AttentionConfig:
                 f"default_plan {self.default_plan!r} is not one of the plans: "
                 f"{', '.join(self.plans)}"
             )
-        check_work_queue(self.work_queue, domain)
+        if (
+            isinstance(self.shards, bool)
+            or not isinstance(self.shards, int)
+            or not 1 <= self.shards <= MAX_SHARDS
+        ):
+            raise InvalidOption(f"shards must be an integer from 1 to {MAX_SHARDS}")
+        check_work_queue(self.work_queue, domain, self.shards)
         if not _positive(self.slice_lease):
             raise InvalidOption("slice_lease must be a number of seconds > 0")
         if self.charge not in CHARGES:
@@ -215,7 +251,11 @@ class AttentionConfig:
 
     def queue_for(self, domain: str, key: str) -> str:
         """The work queue of ``key``."""
-        return self.work_queue.format(domain=domain, key=key)
+        return self.work_queue.format(domain=domain, key=key, shard=shard_of(key, self.shards))
+
+    def shard_queue(self, domain: str, shard: int) -> str:
+        """A work queue name of shard ``shard`` (any key's: its family is the shard's)."""
+        return self.work_queue.format(domain=domain, key="k", shard=shard)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -225,6 +265,7 @@ class AttentionConfig:
             "queue_options": dict(self.queue_options),
             "slice_lease": self.slice_lease,
             "charge": self.charge,
+            "shards": self.shards,
         }
 
     @classmethod
@@ -236,6 +277,7 @@ class AttentionConfig:
             queue_options=dict(data.get("queue_options", {})),
             slice_lease=float(data.get("slice_lease", 30.0)),
             charge=data.get("charge", "time"),
+            shards=int(data.get("shards", 1)),
         )
 
     def uses_worker_time_fairness(self) -> bool:

@@ -7,7 +7,7 @@ import asyncio
 import logging
 
 from ..errors import FairqError, InvalidOption
-from .runtime import Backoff, _Consumer, _PushSettings
+from .parts import Backoff, _Consumer, _PushSettings
 from .slices import SliceRuntime
 
 log = logging.getLogger("fairq.worker")

@@ -19,115 +19,28 @@ import random
 import signal
 import threading
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
-from ..attention import Attention, Slice
 from ..broker import Broker, connect
 from ..errors import ConnectionError, InvalidOption, LeaseLost, Reject
-from ..idempotency import Claim, IdempotencyStore, IdempotentBy, KeyFunction
+from ..idempotency import Claim, IdempotentBy, KeyFunction
 from ..message import Received, check_name
-from ..queue import Queue
+from .parts import (
+    Backoff,
+    Handler,
+    WorkerStats,
+    _Acks,
+    _Consumer,
+    _PushSettings,
+    _Running,
+    _SliceRun,
+    queue_of,
+)
+from .runners import Runners
 
-__all__ = ["Backoff", "Handler", "Runtime", "WorkerStats"]
+__all__ = ["Backoff", "Handler", "Runtime", "WorkerStats", "queue_of"]
 
 log = logging.getLogger("fairq.worker")
-
-
-def queue_of(msg: Received) -> Queue:
-    """The queue handle a received message settles its lease through."""
-    q = msg._handle()
-    assert isinstance(q, Queue), q
-    return q
-
-
-Handler = Callable[[Received], Any]
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Retry delays: ``base * 2**(attempt-1)`` seconds, at most ``cap``, with the top
-    ``jitter`` fraction randomised so failed messages do not come back in lockstep."""
-
-    base: float = 1.0
-    cap: float = 300.0
-    jitter: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.base < 0 or self.cap < 0 or not 0 <= self.jitter <= 1:
-            raise InvalidOption("Backoff needs base >= 0, cap >= 0 and 0 <= jitter <= 1")
-
-    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
-        """Seconds to wait before delivery ``attempt + 1``."""
-        exp = min(max(attempt, 1) - 1, 64)
-        d = min(self.cap, self.base * (2.0**exp))
-        return d * (1.0 - self.jitter * (rng or random).random())
-
-
-@dataclass(slots=True)
-class WorkerStats:
-    """What a worker has done since it started."""
-
-    received: int = 0
-    acked: int = 0
-    failed: int = 0
-    rejected: int = 0
-    released: int = 0
-    lease_lost: int = 0
-    duplicates: int = 0  # messages acked unhandled: their idempotency key was taken
-    per_queue: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(slots=True)
-class _Consumer:
-    name: str
-    handler: Handler
-    concurrency: int
-    retry: Backoff
-    visibility_timeout: float | None
-    is_async: bool
-    queue: Queue | None = None
-    lease: float = 30.0
-    busy: int = 0
-    idempotency: IdempotentBy | None = None
-    claims: IdempotencyStore | None = None
-    attention: Attention | None = None  # set for an attention domain's consumer
-    slice_lease: float = 30.0
-    reconcile_interval: float = 30.0
-    handle_time: float | None = None  # mean seconds per handler call (attention slices)
-
-
-@dataclass(slots=True, eq=False)
-class _SliceRun:
-    consumer: _Consumer
-    slice: Slice
-    lease_until: float
-
-
-@dataclass(frozen=True, slots=True)
-class _PushSettings:
-    topics: list[str] | None
-    concurrency: int
-    timeout: float
-    retry: Backoff
-    rescan: float
-
-
-@dataclass(slots=True, eq=False)
-class _Acks:
-    """The acks of one queue's handled messages waiting for the next ``ack_batch``."""
-
-    queue: Queue
-    entries: list[tuple[_Consumer, Received]]
-
-
-@dataclass(slots=True, eq=False)
-class _Running:
-    consumer: _Consumer
-    msg: Received
-    lease_until: float
-    task: asyncio.Task[None] | None = None
-    settled: bool = False  # an ack, nack or dead letter is on its way: extend it no more
 
 
 class Runtime:
@@ -295,6 +208,8 @@ class Runtime:
         c.lease = c.visibility_timeout or config.visibility_timeout
 
     def _start(self, c: _Consumer) -> None:
+        assert self._stopping is not None
+        c.runners = Runners(c.name, c.concurrency, self._handle, self._stopping)
         self._spawn(self._consume(c), f"fairq-consume:{c.name}")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -379,8 +294,9 @@ class Runtime:
     async def _consume(self, c: _Consumer) -> None:
         """Receive into free slots; wait for messages holding no slot, so an idle queue never
         keeps slots from the worker's other queues."""
-        assert c.queue is not None and self._stopping is not None
+        assert c.queue is not None and self._stopping is not None and c.runners is not None
         q = c.queue
+        runners = c.runners
         wakeups = q._backend.wakeups
         while not self._stopping.is_set():
             token = wakeups.token(q.name)  # before the try: a send in between wakes us
@@ -403,12 +319,12 @@ class Runtime:
                 await wakeups.wait(token, self.poll_wait)
                 continue
             self.stats.received += len(msgs)
-            loop = asyncio.get_running_loop()
-            until = loop.time() + c.lease
-            for m in msgs:
-                run = _Running(c, m, until)
-                self._running[m.receipt] = run
-                run.task = asyncio.create_task(self._handle(run), name=f"fairq-handle:{m.id}")
+            until = asyncio.get_running_loop().time() + c.lease
+            runs = [_Running(c, m, until) for m in msgs]
+            running = self._running
+            for run in runs:
+                running[run.msg.receipt] = run
+            runners.add(runs)  # a runner task starts them at once (runners.py)
 
     async def _outage(self, exc: BaseException) -> None:
         """Wait a little longer each time the engine cannot be reached (up to 1 s)."""
@@ -420,7 +336,10 @@ class Runtime:
             async with asyncio.timeout(self._outage_wait):
                 await self._stopping.wait()
 
-    async def _handle(self, run: _Running) -> None:
+    async def _handle(self, run: _Running, task: asyncio.Task[None]) -> None:
+        """Run one received message to its end in runner ``task``: handler, then ack (queued),
+        nack or dead letter; its slot is free when this returns."""
+        run.task = task
         c, msg = run.consumer, run.msg
         handled = False
         try:
@@ -432,16 +351,19 @@ class Runtime:
             self._running.pop(msg.receipt, None)
             if handled:
                 self._queue_ack(c, msg)
-            self._free_slots(c, 1)
+            self._free += 1
+            c.busy -= 1
+            if self._slot_waiters:
+                self._slots_changed()
 
     def _queue_ack(self, c: _Consumer, msg: Received) -> None:
         """Ack a handled message together with the others of its queue handled in this pass
         of the event loop: one ``ack_batch`` for all of them, sent in the next pass — where
         the consumer's receive into the slots just freed joins it in one transaction (the
         backend's group commit), so a drain costs one commit per batch, not two."""
-        q = queue_of(msg)
-        acks = self._acks.get(q.name)
+        acks = self._acks.get(msg.queue)
         if acks is None:
+            q = c.queue or queue_of(msg)  # an attention consumer has no queue of its own
             acks = self._acks[q.name] = _Acks(q, [])
             asyncio.get_running_loop().call_soon(self._send_acks, q.name)
         acks.entries.append((c, msg))
@@ -523,10 +445,12 @@ class Runtime:
             await self._end_claim(claim, done=False)  # before the nack: the retry may run
             await self._settle(msg.nack(delay), msg)
             return False
-        self.stats.acked += 1
-        self.stats.per_queue[msg.queue] = self.stats.per_queue.get(msg.queue, 0) + 1
-        await self._end_claim(claim, done=True)  # before the ack: a crash between the two
-        return True  # leaves a duplicate, not a rerun
+        stats = self.stats
+        stats.acked += 1
+        stats.per_queue[msg.queue] = stats.per_queue.get(msg.queue, 0) + 1
+        if claim is not None:  # before the ack: a crash between the two leaves a duplicate,
+            await self._end_claim(claim, done=True)  # not a rerun
+        return True
 
     async def _give_back(self, msgs: list[Received]) -> None:
         """Release messages a slice leased but will not start (not counted as attempts)."""
@@ -635,10 +559,8 @@ class Runtime:
         for t in receivers:
             t.cancel()  # stop receiving; the lease keeper runs on while handlers finish
         await asyncio.gather(*receivers, return_exceptions=True)
-        handlers: list[asyncio.Task[Any]] = [
-            r.task for r in self._running.values() if r.task is not None
-        ]
-        handlers += busy
+        await self._give_back_unstarted()
+        handlers = {r.task for r in self._running.values() if r.task is not None} | busy
         if handlers:
             log.info("waiting up to %.0f s for %d running handler(s)", self.grace, len(handlers))
             _, pending = await asyncio.wait(handlers, timeout=self.grace)
@@ -648,12 +570,32 @@ class Runtime:
                     t.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         await self._settled()
+        for c in self._consumers.values():
+            if c.runners is not None:
+                tasks = [*tasks, *c.runners.tasks]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool = None
+
+    async def _give_back_unstarted(self) -> None:
+        """Stop the runners at their current message; give back at once the received
+        messages no runner started (not counted as attempts)."""
+        by_queue: dict[str, list[Received]] = {}
+        for c in self._consumers.values():
+            if c.runners is None:
+                continue
+            c.runners.stop()
+            runs = c.runners.take_backlog()
+            for run in runs:
+                self._running.pop(run.msg.receipt, None)
+                by_queue.setdefault(run.msg.queue, []).append(run.msg)
+            if runs:
+                self._free_slots(c, len(runs))
+        for msgs in by_queue.values():
+            await self._give_back(msgs)
 
     async def _release_running(self) -> None:
         """Give every message whose handler is still running back to its queue now."""

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from ..attention import Slice
 from ..errors import ConnectionError, FairqError, InvalidOption, LeaseLost
 from ..message import Received, check_name
-from .runtime import Backoff, Handler, Runtime, _Consumer, _Running, _SliceRun, queue_of
+from .parts import Backoff, Handler, _Consumer, _Running, _SliceRun, queue_of
+from .runtime import Runtime
 
 log = logging.getLogger("fairq.worker")
 
@@ -65,6 +66,11 @@ class _Acks:
         """Wait until every ack added so far has been answered."""
         while self._task is not None:
             await asyncio.shield(self._task)
+
+    def take_unsent(self) -> list[Received]:
+        """The acks not on their way yet (the slice's end carries them instead)."""
+        unsent, self._pending = self._pending, []
+        return unsent
 
 
 class SliceRuntime(Runtime):
@@ -258,19 +264,31 @@ class SliceRuntime(Runtime):
                         self._running.pop(run.msg.receipt, None)
         finally:
             self._slices.pop(s.token, None)
+            last = acks.take_unsent()  # before any await: the end carries them
             try:
-                await asyncio.shield(self._finish_slice(c, s, acks, handled, retry_at))
+                await asyncio.shield(self._finish_slice(c, s, acks, last, handled, retry_at))
             except Exception as exc:  # the token's lease frees it anyway
                 log.warning("could not end the slice of %s/%s: %s", s.domain, s.key, exc)
 
     async def _finish_slice(
-        self, c: _Consumer, s: Slice, acks: _Acks, handled: int, retry_at: float | None
+        self,
+        c: _Consumer,
+        s: Slice,
+        acks: _Acks,
+        last: list[Received],
+        handled: int,
+        retry_at: float | None,
     ) -> None:
         """The slice's acks land first: its end may re-signal the key, and the next slice
-        must not find the acked messages still leased."""
+        must not find the acked messages still leased. The acks on their way are waited
+        for; the ``last`` ones not sent yet go with the end, in one step where the engine
+        can."""
         assert c.attention is not None
         await acks.drain()
-        await c.attention._end(s, handled, retry_at)
+        lost = await c.attention._end(s, handled, retry_at, last)
+        if lost:
+            self.stats.lease_lost += len(lost)
+            log.warning("%d lease(s) on %s were lost before the ack", len(lost), s.queue)
 
     def _prefetch(self, c: _Consumer) -> int:
         """How many messages a slice leases at once: ``_PREFETCH`` seconds of handling."""

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from ...message import Received
-from ...model.attention import LONGEST_KEY, AttentionConfig
+from ...model.attention import LONGEST_KEY, MAX_SHARDS, AttentionConfig
 from ...model.queues import MAX_RETENTION, Envelope, queue_config_from_options
 from ..base import Backend, Wakeups
 from . import topology
@@ -58,7 +58,7 @@ def store_config(domain: str, config: AttentionConfig) -> AttentionConfig:
 
     work = queue_config_from_options(config.queue_for(domain, "k"), dict(config.queue_options))
     template = topology.RESERVED + config.work_queue
-    longest = template.format(domain=domain, key="k" * LONGEST_KEY)
+    longest = template.format(domain=domain, key="k" * LONGEST_KEY, shard=MAX_SHARDS - 1)
     if len(longest) > 200:
         raise InvalidOption(
             f"work_queue {config.work_queue!r} of {domain!r}: on RabbitMQ a work queue name "
@@ -85,6 +85,8 @@ def key_pattern(domain: str, template: str) -> re.Pattern[str]:
             parts.append(re.escape(domain))
         elif name == "key":
             parts.append(rf"([A-Za-z0-9_.:-]{{1,{LONGEST_KEY}}})")
+        elif name == "shard":
+            parts.append("[0-9]{1,4}")
     return re.compile("^" + "".join(parts) + "$")
 
 

@@ -195,11 +195,14 @@ class PostgresBackend(Backend):
 
         return await self.pool.run(go, connection=connection)
 
-    async def _rows(self, query: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        """The rows of one statement that wakes nobody (a receive, a listing)."""
+    async def _rows(
+        self, query: str, params: tuple[Any, ...], binary: bool = False
+    ) -> list[tuple[Any, ...]]:
+        """The rows of one statement that wakes nobody (a receive, a listing); ``binary``:
+        in PostgreSQL's binary format (message bodies as they are, not hex)."""
 
         async def go(cur: Cursor) -> list[tuple[Any, ...]]:
-            await cur.execute(query, params)
+            await cur.execute(query, params, binary=binary)
             return await cur.fetchall()
 
         return await self.pool.run(go, wakes=False)
@@ -279,25 +282,36 @@ class PostgresBackend(Backend):
         self, queue: str, max_messages: int, visibility_timeout: float | None
     ) -> list[Received]:
         rows = await self._rows(
-            self.q.receive, (queue, self.now(), max_messages, visibility_timeout)
+            self.q.receive, (queue, self.now(), max_messages, visibility_timeout), binary=True
         )
-        rows.sort(key=lambda r: r[7])
-        return [queues.received(r, queue) for r in rows]
+        return queues.received_rows(rows, queue)
 
     async def ack(
         self, queue: str, receipts: list[str], connection: object | None = None
     ) -> list[str]:
         if connection is not None:
-            ids, leases = queues.receipts_arrays(receipts)
+            ids, leases = queues.receipts_literals(receipts)
             lost = await self._one(self.q.ack, (queue, self.now(), ids, leases), connection)
             return queues.lost_of(lost, receipts)
+        if len(receipts) > 1:  # a batch already: nothing to gain by waiting for others
+            return await self._ack_now(queue, receipts)
         return await self._acks.ack(queue, receipts)
 
     async def _ack_now(self, queue: str, receipts: list[str]) -> list[str]:
-        """One ack statement for ``receipts`` (the coalescer's flush)."""
-        ids, leases = queues.receipts_arrays(receipts)
-        lost = await self._one(self.q.ack, (queue, self.now(), ids, leases))
-        self._woke(queue)
+        """One ack statement for ``receipts`` (the coalescer's flush); the NOTIFY round
+        trip after it only when the ack noted a wake-up (a bounded or FIFO queue)."""
+        ids, leases = queues.receipts_literals(receipts)
+        params = (queue, self.now(), ids, leases)
+
+        async def go(cur: Cursor) -> tuple[list[int] | None, bool]:
+            await cur.execute(self.q.ack, params)
+            row = await cur.fetchone()
+            assert row is not None
+            return row[0], bool(row[1])
+
+        lost, woke = await self.pool.run(go, wakes=lambda r: r[1])
+        if woke:
+            self._woke(queue)
         return queues.lost_of(lost, receipts)
 
     async def nack(self, queue: str, receipt: str, delay: float) -> None:

@@ -488,12 +488,17 @@ class Pool:
 
     @contextlib.asynccontextmanager
     async def cursor(
-        self, transaction: bool = False, wakes: bool = True, deadline: Deadline | None = None
+        self,
+        transaction: bool = False,
+        wakes: bool | Callable[[], bool] = True,
+        deadline: Deadline | None = None,
     ) -> AsyncIterator[Cursor]:
         """A cursor on a pooled connection, in a transaction if asked. The wake-ups the work
         noted (``wake()`` in 0001_queues.sql) are NOTIFYed once it has committed, by
         :meth:`_flush_then_return`, after the caller has its answer: the NOTIFY's round
-        trip is not part of the operation's."""
+        trip is not part of the operation's. ``wakes`` False: the work notes none; a
+        callable: asked once the work is done (an operation that reports whether it noted
+        any, so the common case costs no second round trip)."""
         conn = await self.pool.getconn(timeout=self.options.timeout)
         flushing = False
         try:
@@ -504,7 +509,7 @@ class Pool:
                         yield cur
                 else:
                     yield cur
-            if wakes and not self._closing:
+            if (wakes() if callable(wakes) else wakes) and not self._closing:
                 flushing = True
                 task = asyncio.ensure_future(self._flush_then_return(conn))
                 self._flushes.add(task)
@@ -541,13 +546,15 @@ class Pool:
         *,
         transaction: bool = False,
         connection: object | None = None,
-        wakes: bool = True,
+        wakes: bool | Callable[[T], bool] = True,
     ) -> T:
         """Run ``fn(cursor)`` as one atomic step: in one statement (autocommit) or one
         transaction, retried on serialization failures and deadlocks; with ``connection``,
         inside the caller's transaction (a savepoint of it, so a failure here leaves the
         caller's own work alone), never retried there: the caller's transaction decides.
-        Past the ``timeout`` option: ``ConnectionError`` (see :class:`Deadline`)."""
+        Past the ``timeout`` option: ``ConnectionError`` (see :class:`Deadline`).
+        ``wakes``: whether the work noted wake-ups to send after it (see :meth:`cursor`);
+        a callable is given the result."""
         deadline = Deadline(self.options.timeout)
         try:
             async with deadline:
@@ -567,10 +574,15 @@ class Pool:
                             await conn.execute("SELECT 1")
                         async with conn.transaction():
                             return await fn(conn.cursor(row_factory=tuple_row))
+                done: list[T] = []
+                noted: bool | Callable[[], bool] = (
+                    (lambda: bool(done) and wakes(done[0])) if callable(wakes) else wakes
+                )
                 for attempt in range(_RETRIES):
                     try:
-                        async with self.cursor(transaction, wakes, deadline) as cur:
-                            return await fn(cur)
+                        async with self.cursor(transaction, noted, deadline) as cur:
+                            done.append(await fn(cur))
+                            return done[0]
                     except psycopg.Error as exc:
                         if exc.sqlstate not in RETRYABLE or attempt == _RETRIES - 1:
                             raise

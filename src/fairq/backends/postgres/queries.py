@@ -36,7 +36,7 @@ class Queries:
 
     @property
     def ack(self) -> str:
-        return f"SELECT {self.s}.ack(%s, %s, %b::bigint[], %b::bigint[])"
+        return f"SELECT lost, woke FROM {self.s}.ack_batch(%s, %s, %s::bigint[], %s::bigint[])"
 
     @property
     def nack(self) -> str:

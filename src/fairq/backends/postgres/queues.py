@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -72,6 +73,13 @@ def receipts_arrays(receipts: list[str]) -> tuple[list[int], list[int]]:
     return ids, leases
 
 
+def receipts_literals(receipts: list[str]) -> tuple[str, str]:
+    """The message ids and lease tokens of ``receipts`` as two ``bigint[]`` literals (one
+    string each: cheaper to send than psycopg's element-by-element array dump)."""
+    ids, leases = receipts_arrays(receipts)
+    return "{" + ",".join(map(str, ids)) + "}", "{" + ",".join(map(str, leases)) + "}"
+
+
 def received(row: tuple[Any, ...], queue: str, key: str | None = None) -> Received:
     mid, body, attrs, attempt, priority, grp, lease = row[:7]
     return Received(
@@ -86,6 +94,29 @@ def received(row: tuple[Any, ...], queue: str, key: str | None = None) -> Receiv
         queue,
         key,
     )
+
+
+def received_rows(rows: list[tuple[Any, ...]], queue: str) -> list[Received]:
+    """:func:`received` of every row of a receive (id, body, attrs, attempt, priority,
+    grp, lease, ord), in delivery order; the hot path of a drain, so done in one loop."""
+    rows.sort(key=_by_ord)
+    return [
+        Received(
+            format_id(mid),
+            body if type(body) is bytes else bytes(body),
+            orjson.loads(attrs) if attrs else {},
+            attempt,
+            id_time(mid),
+            priority,
+            grp,
+            make_receipt(mid, lease),
+            queue,
+        )
+        for mid, body, attrs, attempt, priority, grp, lease, _ in rows
+    ]
+
+
+_by_ord = itemgetter(7)
 
 
 def stats_of(row: tuple[Any, ...], config: QueueConfig) -> QueueStats:
@@ -160,7 +191,7 @@ async def delete_queue(cur: Cursor, s: str, name: str) -> bool:
         f"(SELECT topic_id FROM {s}.subscriptions WHERE queue_id = %s)",
         (qid,),
     )
-    for table in ("messages", "fifo_groups", "dedup", "counts", "subscriptions"):
+    for table in ("messages", "leases", "fifo_groups", "dedup", "counts", "subscriptions"):
         await cur.execute(
             f"DELETE FROM {s}.{table} WHERE queue_id = %s",
             (qid,),

@@ -23,6 +23,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Hashable, Mapping
 
 from ...clock import Clock
@@ -51,6 +52,14 @@ __all__ = ["SQLiteBackend"]
 
 log = logging.getLogger("fairq.sqlite")
 _REDRIVE_CHUNK = 1000  # messages moved per transaction by redrive
+_SPIN = 0.0003  # seconds to watch for a commit whose WAL write was just seen
+# (the queue exists, a message of it is visible, the earliest due delay or lease of any queue)
+_NOTHING_TO_RECEIVE = (
+    "SELECT EXISTS (SELECT 1 FROM fairq_queues WHERE name = ?), "
+    "EXISTS (SELECT 1 FROM fairq_messages INDEXED BY fairq_ix_ready WHERE state = 0 AND queue_id = "
+    "(SELECT id FROM fairq_queues WHERE name = ?)), "
+    "(SELECT MIN(avail_at) FROM fairq_messages WHERE state = 1)"
+)
 
 
 class SQLiteBackend(Backend):
@@ -78,6 +87,8 @@ class SQLiteBackend(Backend):
         self._poke: Callable[[], None] | None = None
         self._rechecks = 0  # looks left after a WAL write that showed no new commit yet
         self._recheck: asyncio.TimerHandle | None = None
+        self._own_commits = 0  # this backend's commits at the last look
+        self._came_empty: set[str] = set()  # queues whose last receive here found nothing
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -110,7 +121,27 @@ class SQLiteBackend(Backend):
     async def receive(
         self, queue: str, max_messages: int, visibility_timeout: float | None
     ) -> list[Received]:
-        return await self._call(store.receive, queue, max_messages, visibility_timeout)
+        if queue in self._came_empty and self._nothing_to_receive(queue):
+            return []
+        got = await self._call(store.receive, queue, max_messages, visibility_timeout)
+        if got:
+            self._came_empty.discard(queue)
+        else:
+            self._came_empty.add(queue)
+        return got
+
+    def _nothing_to_receive(self, queue: str) -> bool:
+        """After an empty receive (a long poll, an idle worker): whether the queue is still
+        empty — nothing visible, nothing of any queue coming due — read without the write
+        lock, so a waiting consumer's retries do not take turns with a producer's commits."""
+        conn = self._writer.conn
+        if conn is None or conn.in_transaction:
+            return False
+        try:
+            known, ready, due = conn.execute(_NOTHING_TO_RECEIVE, (queue, queue)).fetchone()
+        except sqlite3.Error:
+            return False  # the write transaction will say what is wrong
+        return bool(known) and not ready and (due is None or due > self.clock.now())
 
     async def ack(self, queue: str, receipts: list[str]) -> list[str]:
         return await self._call(store.ack, queue, receipts)
@@ -392,8 +423,19 @@ class SQLiteBackend(Backend):
     async def changed_elsewhere(self) -> bool:
         if self._writer.conn is None:
             return False
+        conn = self._writer.conn
         try:
-            (version,) = self._writer.conn.execute("PRAGMA data_version").fetchone()
+            (version,) = conn.execute("PRAGMA data_version").fetchone()
+            own = self._writer.commits
+            if version == self._pulse_version and self._rechecks and own == self._own_commits:
+                # a WAL write, and not ours: another process is between writing its frames
+                # and publishing its commit, which takes it some microseconds; wait for it
+                # here rather than by a timer, whose wake-up a busy machine may delay by a
+                # scheduler slice
+                until = time.perf_counter() + _SPIN
+                while version == self._pulse_version and time.perf_counter() < until:
+                    (version,) = conn.execute("PRAGMA data_version").fetchone()
+            self._own_commits = own
         except sqlite3.Error as exc:
             raise BackendError(f"sqlite: {exc}") from exc
         if version != self._pulse_version:

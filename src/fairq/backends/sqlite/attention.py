@@ -108,6 +108,9 @@ def _count(t: Txn, d: DomainRow, counter: str, n: int = 1) -> None:
 
 def _view(t: Txn, d: DomainRow, k: _Key) -> KeyView:
     """The key as the policy sees it, its work queue's counts read from the queue row."""
+    q = t.find(k.queue)
+    if q is not None:
+        t.fold(q.id)
     t.flush()
     row = t.conn.execute(
         "SELECT id, visible, delayed, in_flight FROM fairq_queues WHERE name = ?", (k.queue,)
@@ -537,7 +540,7 @@ def reconcile(t: Txn, domain: str) -> int:
     lost = t.conn.execute(
         "SELECT k.key FROM fairq_att_keys k JOIN fairq_queues q ON q.name = k.queue "
         "WHERE k.domain_id = ? AND k.state = 'active' AND k.pending = 0 AND k.active = 0 "
-        "AND q.visible + q.delayed + q.in_flight > 0",
+        "AND EXISTS (SELECT 1 FROM fairq_messages m WHERE m.queue_id = q.id)",
         (d.id,),
     ).fetchall()
     n = 0

@@ -16,7 +16,7 @@ from ...model.attention import (
 )
 from ..attention_policy import tenant_rows
 from .attention import prune_usage, sweep_domain
-from .messages import oldest_age
+from .messages import VISIBLE, oldest_age
 from .txn import Txn
 
 __all__ = ["hint", "key_stats", "stats", "tenant_stats"]
@@ -56,7 +56,7 @@ def key_stats(t: Txn, domain: str, top: int) -> list[KeyStats]:
     sweep_domain(t, d)
     t.flush()
     rows = t.conn.execute(
-        "SELECT k.key, k.tenant, k.plan, k.state, coalesce(q.visible + q.delayed, 0), "
+        "SELECT k.key, k.tenant, k.plan, k.state, coalesce(" + VISIBLE + " + q.delayed, 0), "
         "coalesce(q.in_flight, 0), q.id, k.active, k.pending, k.processed "
         "FROM fairq_att_keys k LEFT JOIN fairq_queues q ON q.name = k.queue "
         "WHERE k.domain_id = ? ORDER BY 5 DESC, 6 DESC, k.key LIMIT ?",
@@ -89,9 +89,9 @@ def tenant_stats(t: Txn, domain: str, top: int) -> list[TenantStats]:
     }
     keys: dict[str, list[tuple[int, int, int]]] = {}
     for tenant, plan, visible, active in conn.execute(
-        "SELECT k.tenant, k.plan, q.visible, k.active FROM fairq_att_keys k "
-        "JOIN fairq_queues q ON q.name = k.queue "
-        "WHERE k.domain_id = ? AND k.state = 'active' AND q.visible > 0",
+        "SELECT * FROM (SELECT k.tenant, k.plan, " + VISIBLE + " AS visible, k.active "
+        "FROM fairq_att_keys k JOIN fairq_queues q ON q.name = k.queue "
+        "WHERE k.domain_id = ? AND k.state = 'active') WHERE visible > 0",
         (d.id,),
     ):
         cap = (d.config.plans.get(plan) or d.config.plans[d.config.default_plan]).max_concurrency

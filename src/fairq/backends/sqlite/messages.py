@@ -35,15 +35,28 @@ _INSERT = (
     "body_ref, body, attrs) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 )
 SELECT_READY = (
-    "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? AND state = 0 "
+    "SELECT id, priority, attempt, grp, "
+    "coalesce(body, (SELECT body FROM fairq_bodies WHERE id = body_ref)), attrs "
+    "FROM fairq_messages WHERE queue_id = ? AND state = 0 "
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
 )
 _SWEEP_BATCH = 1000
+# a queue's visible messages as SQL, for reads over many queues (``q`` is its fairq_queues
+# row): the stored count plus the messages stored since it was last folded (Txn.fold)
+VISIBLE = (
+    "(q.visible + (SELECT count(*) FROM fairq_messages m "
+    "WHERE m.queue_id = q.id AND m.id > q.sent_upto))"
+)
 
 
-def leased(r: Row, until: float, lease: int) -> Row:
-    """Row ``r`` as it is once leased until ``until`` under ``lease``."""
-    return (*r[:2], WAITING, r[3], until, r[ATTEMPT] + 1, lease, *r[7:])
+def rows_by_id(t: Txn, ids: Sequence[int]) -> list[Row]:
+    """The whole rows (``COLS``) of these messages."""
+    rows: list[Row] = []
+    for chunk in chunks(ids):
+        rows += t.conn.execute(
+            f"SELECT {COLS} FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk
+        )
+    return rows
 
 
 def attrs_of(blob: bytes | None) -> dict[str, str]:
@@ -60,12 +73,54 @@ Item = tuple[bytes, bytes | None, float, int, str | None]  # body, attrs blob, d
 
 def insert(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
     """Store new messages in ``q``; return their ids."""
+    if not q.config.fifo and all(not it[2] and it[4] is None for it in items):
+        return insert_plain(t, q, items)
     ids, rows = rows_for(t, q, items)
     if len(rows) == 1:
         t.conn.execute(_INSERT, rows[0])
     else:
         t.conn.executemany(_INSERT, rows)
     return ids
+
+
+_INSERT_ONE = (
+    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
+    "VALUES (?, ?, 0, 0, ?, 0, ?, ?)"
+)
+# the columns a visible message without a group sets (fewer parameters to bind per row)
+_INSERT_PLAIN = (
+    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
+    "VALUES (?, ?, 0, ?, ?, 0, ?, ?)"
+)
+
+
+def insert_plain(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
+    """Store visible messages without a group (no delay) in ``q`` (not FIFO)."""
+    ids = t.allocate(len(items), stored=True)
+    now = t.now
+    qid = q.id
+    rows = [
+        (mid, qid, prio, now, body, attrs)
+        for mid, (body, attrs, _, prio, _) in zip(ids, items, strict=True)
+    ]
+    if len(rows) == 1:
+        t.conn.execute(_INSERT_PLAIN, rows[0])
+    else:
+        t.conn.executemany(_INSERT_PLAIN, rows)
+    if rows:
+        t.stored(qid, len(rows), ids[-1])
+    t.op_notify.add(q.name)
+    return list(ids)
+
+
+def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
+    """Store one visible message of priority 0 in ``q`` (not FIFO): the common send, with
+    nothing to decide; return its id."""
+    (mid,) = t.allocate(1, stored=True)
+    t.conn.execute(_INSERT_ONE, (mid, q.id, t.now, body, attrs))
+    t.stored(q.id, 1, mid)
+    t.op_notify.add(q.name)
+    return mid
 
 
 def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], list[Row]]:
@@ -75,7 +130,7 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
     qid = q.id
     ids = t.allocate(len(items), stored=True)
     rows = []
-    visible = delayed = 0
+    delayed = 0
     if not q.config.fifo:
         for mid, (body, attrs, delay, prio, grp) in zip(ids, items, strict=True):
             if delay > 0:
@@ -84,7 +139,6 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
                 t.waiting_until(now + delay)
             else:
                 rows.append((mid, qid, READY, prio, now, 0, None, grp, None, body, attrs))
-                visible += 1
     else:
         conn = t.conn
         headed: dict[str, bool] = {}
@@ -100,7 +154,6 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
                 )
             if has_head:
                 rows.append((mid, qid, BLOCKED, prio, now + delay, 0, None, grp, None, body, attrs))
-                visible += 1
             else:
                 conn.execute(
                     "INSERT INTO fairq_fifo_heads (queue_id, grp, msg_id) VALUES (?, ?, ?)",
@@ -114,11 +167,13 @@ def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], lis
                     t.waiting_until(now + delay)
                 else:
                     rows.append((mid, qid, READY, prio, now, 0, None, grp, None, body, attrs))
-                    visible += 1
             headed[grp] = True
-    t.add(qid, "visible", visible)
-    t.add(qid, "delayed", delayed)
-    t.add(qid, "sent", len(rows))
+    # sent and visible count the new rows later (Txn.fold); a delayed one is not visible
+    if delayed:
+        t.add(qid, "delayed", delayed)
+        t.add(qid, "visible", -delayed)
+    if rows:
+        t.stored(qid, len(rows), ids[-1])
     t.op_notify.add(q.name)
     return list(ids), rows
 
@@ -178,31 +233,36 @@ def unref_queue(t: Txn, q: QueueRow) -> None:
 def delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     """Delete messages of ``q`` (any state), keeping counts, FIFO heads and shared bodies
     right."""
+    t.fold(q.id)  # the rows about to go are counted as sent first
     for chunk in chunks([r[ID] for r in rows]):
         t.conn.execute(f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk)
     deleted(t, q, rows)
 
 
-def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
-    """Messages of ``q`` were just deleted: keep counts, FIFO heads and shared bodies right."""
+def deleted(t: Txn, q: QueueRow, rows: Sequence[Row], leased: bool = False) -> None:
+    """Messages of ``q`` were just deleted: keep counts, FIFO heads and shared bodies right.
+    ``leased``: every row was in flight (an ack)."""
     if not rows:
         return
     t.deleted(max(r[ID] for r in rows))
     refs = [r[BODY_REF] for r in rows if r[BODY_REF] is not None]
     if refs:
         unref_bodies(t, Counter(refs))
-    visible = delayed = in_flight = 0
-    for r in rows:
-        if r[STATE] != WAITING:
-            visible -= 1
-        elif r[LEASE] is None:
-            delayed -= 1
-        else:
-            in_flight -= 1
     qid = q.id
-    t.add(qid, "visible", visible)
-    t.add(qid, "delayed", delayed)
-    t.add(qid, "in_flight", in_flight)
+    if leased:
+        t.add(qid, "in_flight", -len(rows))
+    else:
+        visible = delayed = in_flight = 0
+        for r in rows:
+            if r[STATE] != WAITING:
+                visible -= 1
+            elif r[LEASE] is None:
+                delayed -= 1
+            else:
+                in_flight -= 1
+        t.add(qid, "visible", visible)
+        t.add(qid, "delayed", delayed)
+        t.add(qid, "in_flight", in_flight)
     if q.config.fifo:
         for r in rows:
             if r[STATE] != BLOCKED and r[GRP] is not None:
@@ -341,6 +401,7 @@ def take_leases(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[list[Row]
     RETURNING`` per lease token, no read first); return their rows (without body and
     attributes) and the receipts that named no current lease. The caller calls
     :func:`deleted` with the rows."""
+    t.fold(q.id)  # the rows about to go are counted as sent first
     parsed = [parse_receipt(r) for r in receipts]
     by_lease: dict[int, list[int]] = {}
     for mid, lease in parsed:
@@ -384,6 +445,7 @@ def make_room(t: Txn, q: QueueRow, n: int) -> None:
         return
     if n > cfg.max_length:
         raise QueueFull(q.name, cfg.max_length, "the batch is larger than max_length")
+    t.fold(q.id)
     t.flush()
     (depth,) = t.conn.execute(
         "SELECT visible + delayed + in_flight FROM fairq_queues WHERE id = ?", (q.id,)
@@ -453,9 +515,10 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
                 delayed += 1
             else:
                 rows.append((next(ids), qid, READY, 0, now, 0, None, None, ref, body, blobs[i]))
-        t.add(qid, "visible", len(indices) - delayed)
-        t.add(qid, "delayed", delayed)
-        t.add(qid, "sent", len(indices))
+        if delayed:  # sent and visible count the copies later (Txn.fold)
+            t.add(qid, "delayed", delayed)
+            t.add(qid, "visible", -delayed)
+        t.stored(qid, len(indices), rows[-1][ID])
         t.op_notify.add(q.name)
     t.conn.executemany(_INSERT, rows)
 

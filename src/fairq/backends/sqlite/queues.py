@@ -12,7 +12,7 @@ from __future__ import annotations
 import orjson
 
 from ...errors import LeaseLost
-from ...message import Received, new_lease
+from ...message import Received, format_id, new_lease
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..rules import (
     check_priorities,
@@ -37,10 +37,11 @@ from .messages import (
     deleted,
     expire_old,
     insert,
-    leased,
+    insert_one,
     make_room,
     oldest_age,
     received,
+    rows_by_id,
     take_leases,
     unref_queue,
 )
@@ -89,6 +90,10 @@ def delete_queue(t: Txn, name: str) -> bool:
 def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
     q = t.queue(name)
     cfg = q.config
+    if len(envs) == 1 and cfg.max_length is None and not cfg.fifo:
+        env = envs[0]
+        if env.dedup_id is None and not env.delay and not env.priority:
+            return [format_id(insert_one(t, q, env.body, blob_of(env.attributes)))]
     now = t.now
     conn = t.conn
     check_priorities(name, envs, cfg.max_priority)
@@ -128,22 +133,22 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
         lease = new_lease()
         # read, then lease: one UPDATE ... WHERE id = (SELECT ...) RETURNING measured 3x
         # slower than the two statements, on a 20,000-deep queue
+        # (id, priority, attempt, grp, body, attrs): only what a delivery needs
         rows = conn.execute(SELECT_READY, (q.id, n - len(out))).fetchall()
         if not rows:
             break
-        stale = [r for r in rows if r[ID] < cutoff]
+        stale = [r[0] for r in rows if r[0] < cutoff]
         if stale:  # past retention: never delivered
-            dead_letter_rows(t, q, stale, "expired")
-            rows = [r for r in rows if r[ID] >= cutoff]
+            dead_letter_rows(t, q, rows_by_id(t, stale), "expired")
+            rows = [r for r in rows if r[0] >= cutoff]
         if not rows:
             continue
-        ids = [r[ID] for r in rows]
+        ids = [r[0] for r in rows]
         conn.execute(
             "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, "
             f"lease = ? WHERE id IN ({marks(len(ids))})",
             (until, lease, *ids),
         )
-        rows = [leased(r, until, lease) for r in rows]
         t.waiting_until(until)
         k = len(rows)
         qid = q.id
@@ -151,22 +156,21 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
         t.add(qid, "in_flight", k)
         redelivered = 0
         tail = f".{lease:x}"
-        for r in rows:
-            mid = r[0]
-            attempt = r[5]
+        loads = orjson.loads
+        for mid, prio, attempt, grp, body, attrs in rows:
+            attempt += 1
             if attempt > 1:
                 redelivered += 1
             hid = f"{mid:016x}"
-            attrs = r[10]
             out.append(
                 Received(
                     hid,
-                    r[9],
-                    orjson.loads(attrs) if attrs else {},
+                    body,
+                    loads(attrs) if attrs else {},
                     attempt,
                     (mid >> 16) / 1000.0,
-                    r[3],
-                    r[7],
+                    prio,
+                    grp,
                     hid + tail,
                     name,
                 )
@@ -179,7 +183,7 @@ def ack(t: Txn, name: str, receipts: list[str]) -> list[str]:
     q = t.queue(name)
     rows, lost = take_leases(t, q, receipts)
     if rows:
-        deleted(t, q, rows)
+        deleted(t, q, rows, leased=True)
         t.add(q.id, "acked", len(rows))
     return lost
 
@@ -253,6 +257,7 @@ def dead_letter(t: Txn, name: str, receipt: str, reason: str) -> None:
 def stats(t: Txn, name: str) -> QueueStats:
     q = t.queue(name)
     expire_old(t, q)
+    t.fold(q.id)
     t.flush()
     row = t.conn.execute(
         "SELECT visible, delayed, in_flight, "
@@ -283,6 +288,7 @@ def stats(t: Txn, name: str) -> QueueStats:
 def purge(t: Txn, name: str) -> int:
     q = t.queue(name)
     conn = t.conn
+    t.fold(q.id)  # what is purged was sent
     unref_queue(t, q)
     n = conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,)).rowcount
     t.deleted(None)

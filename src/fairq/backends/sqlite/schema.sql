@@ -1,4 +1,4 @@
--- fairq's SQLite schema, version 8. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 9. Every statement is idempotent (IF NOT EXISTS), so
 -- txn.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
@@ -9,6 +9,7 @@
 --   version 6: bodies shared by a publish's copies (fairq_bodies, fairq_messages.body_ref)
 --   version 7: counters kept for other engines (fairq_counts: RabbitMQ's ?store=)
 --   version 8: attention in worker time (virtual times, estimates, slice charges, usage)
+--   version 9: sends counted later (fairq_queues.sent_upto), so a send writes no queue row
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -28,7 +29,7 @@ CREATE TABLE IF NOT EXISTS fairq_queues (
     name          TEXT NOT NULL UNIQUE,
     config        TEXT NOT NULL,            -- JSON of QueueConfig
     created_at    REAL NOT NULL,
-    visible       INTEGER NOT NULL DEFAULT 0,   -- states 0 and 2
+    visible       INTEGER NOT NULL DEFAULT 0,   -- states 0 and 2 (but see sent_upto)
     delayed       INTEGER NOT NULL DEFAULT 0,   -- state 1, not leased
     in_flight     INTEGER NOT NULL DEFAULT 0,   -- state 1, leased
     sent          INTEGER NOT NULL DEFAULT 0,
@@ -37,7 +38,11 @@ CREATE TABLE IF NOT EXISTS fairq_queues (
     redelivered   INTEGER NOT NULL DEFAULT 0,
     dead_lettered INTEGER NOT NULL DEFAULT 0,
     expired       INTEGER NOT NULL DEFAULT 0,
-    discarded     INTEGER NOT NULL DEFAULT 0
+    discarded     INTEGER NOT NULL DEFAULT 0,
+    -- 9: the queue's messages with ids above sent_upto are not counted yet in sent and
+    -- visible (a send writes only its message row); Txn.fold counts them, before any of
+    -- them is deleted and before the counters are read (txn.ADDED_COLUMNS: older files)
+    sent_upto     INTEGER NOT NULL DEFAULT 0
 );
 
 CREATE TABLE IF NOT EXISTS fairq_messages (

@@ -23,7 +23,7 @@ from ...model.attention import AttentionConfig
 from ...model.queues import QueueConfig
 from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 # the greatest id handed out so far, as far as the file remembers it (see Store)
@@ -58,6 +58,7 @@ ADDED_COLUMNS = [
     ("fairq_att_slices", "tenant", "TEXT"),
     ("fairq_att_slices", "charged", "REAL NOT NULL DEFAULT 0"),
     ("fairq_att_slices", "taken_at", "REAL"),
+    ("fairq_queues", "sent_upto", "INTEGER NOT NULL DEFAULT 0"),  # 9: sends counted later
 ]
 
 
@@ -97,6 +98,12 @@ def apply_schema(conn: sqlite3.Connection) -> None:
             for statement in script.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            if version < 9:
+                # older fairqs counted every send at once: every stored message is counted
+                conn.execute(
+                    "UPDATE fairq_queues SET sent_upto = "
+                    "(SELECT coalesce(max(id), 0) FROM fairq_messages)"
+                )
             conn.executemany(
                 "INSERT OR IGNORE INTO fairq_meta (key, value) VALUES (?, ?)",
                 [("last_id", 0), ("config_version", 0)],
@@ -163,6 +170,10 @@ class Store:
         self.saved_id: int | None = None  # fairq_meta.last_id as last read or written
         self.due = -math.inf  # earliest avail_at of a waiting row, -inf: unknown
         self.data_version: int | None = None
+        # queue id -> (its fairq_queues.sent_upto, then how many messages this connection
+        # stored above it, and the greatest of their ids): what Txn.fold adds without a
+        # query, while no other connection commits
+        self.uncounted: dict[int, tuple[int, int, int]] = {}
         # due times of the delayed attention signals this connection wrote, per domain: its
         # broker takes those on time, other processes a moment later (attention._take)
         self.scheduled: dict[str, dict[float, None]] = {}
@@ -182,6 +193,7 @@ class Store:
         self.topics.clear()
         self.domains.clear()
         self.config_version = -1
+        self.uncounted.clear()
 
     def forget(self) -> None:
         """Trust nothing cached (after a rolled-back transaction)."""
@@ -200,7 +212,10 @@ def _counter_sql(columns: tuple[str, ...]) -> str:
     columns, so the connection's statement cache keeps each prepared)."""
     sql = _COUNTER_SQL.get(columns)
     if sql is None:
-        sets = ", ".join(f"{c} = {c} + ?" for c in columns)
+        sets = ", ".join(
+            "sent_upto = max(sent_upto, ?)" if c == "sent_upto" else f"{c} = {c} + ?"
+            for c in columns
+        )
         sql = _COUNTER_SQL[columns] = f"UPDATE fairq_queues SET {sets} WHERE id = ?"
     return sql
 
@@ -226,6 +241,7 @@ class Txn:
             store.last_id = None
             store.saved_id = None
             store.due = -math.inf
+            store.uncounted.clear()
             (version,) = conn.execute(
                 "SELECT value FROM fairq_meta WHERE key = 'config_version'"
             ).fetchone()
@@ -272,6 +288,44 @@ class Txn:
             if d is None:
                 d = self._deltas[queue_id] = {}
             d[column] = d.get(column, 0) + n
+
+    def stored(self, queue_id: int, n: int, top: int) -> None:
+        """``n`` new messages (ids up to ``top``) went into the queue. They are counted in
+        ``sent`` and ``visible`` later, by :meth:`fold`: a single send then writes no
+        counter row (one B-tree page fewer per commit). Until then they are the queue's
+        rows with ids above ``fairq_queues.sent_upto``, which a crash or another process
+        cannot lose."""
+        known = self.store.uncounted.get(queue_id)
+        if known is not None:
+            self.store.uncounted[queue_id] = (known[0], known[1] + n, top)
+
+    def fold(self, queue_id: int) -> None:
+        """Count the queue's messages stored since its counters were last brought up to
+        date (``sent``, ``visible``): before its rows are deleted (they would be lost to
+        the count) and before its counters are read. Free when this connection knows what
+        it stored since; one index range count otherwise (another process committed)."""
+        store = self.store
+        known = store.uncounted.get(queue_id)
+        if known is None:
+            upto, n, top = self.conn.execute(
+                "SELECT q.sent_upto, count(m.id), max(m.id) FROM fairq_queues q "
+                "LEFT JOIN fairq_messages m ON m.queue_id = q.id AND m.id > q.sent_upto "
+                "WHERE q.id = ?",
+                (queue_id,),
+            ).fetchone()
+            if upto is None:  # the queue is gone
+                return
+            top = top or upto
+        else:
+            upto, n, top = known
+        if n:
+            d = self._deltas.get(queue_id)
+            if d is None:
+                d = self._deltas[queue_id] = {}
+            d["sent"] = d.get("sent", 0) + n
+            d["visible"] = d.get("visible", 0) + n
+            d["sent_upto"] = max(d.get("sent_upto", 0), top)
+        store.uncounted[queue_id] = (top, 0, top)
 
     def flush(self) -> None:
         """Write this operation's counter deltas (inside its savepoint): one statement per
@@ -359,6 +413,7 @@ class Txn:
         q = QueueRow(int(cur.lastrowid or 0), name, config)
         self.store.by_name[name] = q
         self.store.by_id[q.id] = q
+        self.store.uncounted[q.id] = (0, 0, 0)
         return q
 
     def configs_changed(self) -> None:

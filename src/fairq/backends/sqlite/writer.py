@@ -180,14 +180,17 @@ class Writer:
             if self.conn is not None and self._loop is not None:
                 self._loop.call_soon_threadsafe(self._autocheckpoint)
             return
-        done, since = 0, 0.0  # commits copied back by the last checkpoint, and when
+        done = 0  # commits copied back by the last checkpoint
+        seen, quiet = 0, 0.0  # commits at the last look, and for how long no new one came
         try:
             while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY):
-                since += _CHECKPOINT_EVERY
-                new = self.commits - done
-                if new < _CHECKPOINT_COMMITS and not (new and since >= _CHECKPOINT_IDLE):
+                commits = self.commits
+                quiet = quiet + _CHECKPOINT_EVERY if commits == seen else 0.0
+                seen = commits
+                new = commits - done
+                if new < _CHECKPOINT_COMMITS and not (new and quiet >= _CHECKPOINT_IDLE):
                     continue
-                done, since = done + new, 0.0
+                done = commits
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                 except sqlite3.Error as exc:

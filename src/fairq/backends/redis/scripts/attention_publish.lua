@@ -23,9 +23,11 @@ if not q then
     create_queue(dlq, DLQ_CONFIG)
   end
 end
+PAST_API = false  -- the signal is given here
 local ids, err = send_messages(q, 6)
 if err then finish(); return err end
 k = k or new_key(d, key, qname)
+redis.call('HSETNX', q.n, 'att', d.name .. '\t' .. d.a .. '\t' .. key)
 local v = key_view(d, k)
 note_backlog(d, k, v.visible > 0 or v.waiting_due ~= nil)
 if k.pending == 0 then

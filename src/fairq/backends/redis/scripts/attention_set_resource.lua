@@ -12,7 +12,12 @@ if not d then finish(); return fail('NODOMAIN', arg(1)) end
 sweep_domain(d)
 local key, plan, state, tenant = arg(2), arg(4), arg(5), arg(6)
 if plan ~= '' and not d.config.plans[plan] then finish(); return fail('NOPLAN', plan) end
-local k = load_key(d, key) or new_key(d, key, arg(3))
+local k = load_key(d, key)
+if not k then
+  k = new_key(d, key, arg(3))
+  local q = load_queue(arg(3))  -- sends to it past the attention API reach the reconciler
+  if q then redis.call('HSETNX', q.n, 'att', d.name .. '\t' .. d.a .. '\t' .. key) end
+end
 if plan ~= '' then k.plan = plan end
 if tenant ~= '' and tenant ~= k.tenant then move_tenant(d, k, tenant) end
 if state ~= '' then

@@ -1,6 +1,9 @@
 -- attention.lua: attention domains. A domain's keys live in the family of its work queues
 -- (the first word of its work_queue template), so a publish stores the work message and
--- the signal in one slot. A = F .. 'a:' .. domain .. ':'. KEYS.md lists every key:
+-- the signal in one slot. A domain of several shards is several such sets of keys, one
+-- per shard, each in the family of its shard's work queues, each with its own scheduler:
+-- the scripts are given the shard's id ("<domain>#<shard>"; the domain's name alone for a
+-- domain of one shard). A = F .. 'a:' .. id .. ':'. KEYS.md lists every key:
 --   F att          hash domain -> options JSON
 --   A n            counters, turn_counter, sigseq, clear_sum/clear_count, discarded:<state>,
 --                  vclock (the virtual clock), estimate (what a slice here costs)
@@ -57,14 +60,17 @@ end
 local function usage_bucket(now) return math.floor(now / USAGE_BUCKET) end
 local function usage_since(now) return usage_bucket(now) - USAGE_BUCKETS + 1 end
 
-local function abase(fb, domain) return fb .. 'a:' .. domain .. ':' end
+local function abase(fb, id) return fb .. 'a:' .. id .. ':' end
+-- the domain of a shard id ("market#3" -> "market")
+local function domain_of(id) return string.match(id, '^[^#]*') end
 
-local function load_domain(fb, domain)
-  local raw = redis.call('HGET', fb .. 'att', domain)
+local function load_domain(fb, id)
+  local name = domain_of(id)
+  local raw = redis.call('HGET', fb .. 'att', name)
   if not raw then return nil end
   local c = cjson.decode(raw)
-  return {name = domain, fb = fb, a = abase(fb, domain), config = c, raw = raw,
-    charge = opt(c.charge) or 'time'}
+  return {name = name, id = id, sharded = id ~= name, fb = fb, a = abase(fb, id), config = c,
+    raw = raw, charge = opt(c.charge) or 'time'}
 end
 
 -- the domain's virtual clock and cost estimate, read once per script
@@ -238,7 +244,7 @@ local function signal(d, k, due)
     key_delayed_min(d, k.key)
     DUES[#DUES + 1] = at
   end
-  wake('attention:' .. d.name)
+  wake('attention:' .. d.id)
 end
 
 local function note_backlog(d, k, has)
@@ -282,8 +288,10 @@ local function charge(d, tenant, charged, held, handled, weight)
   sched_state(d)
   local cost = slice_cost(d.charge, held, handled)
   local t = load_tenant(d, tenant)
+  local delta = nil
   if t.vt ~= nil then
     local vt = on_end(t.vt, charged, cost, weight)
+    delta = vt - t.vt
     redis.call('HSET', d.a .. 'T:' .. tenant, 'vt', fmt(vt), 'est', fmt(next_estimate(t.est, cost)))
     if t.m then redis.call('ZADD', d.a .. 'sched', 'XX', fmt(vt), t.m) end
   end
@@ -300,6 +308,7 @@ local function charge(d, tenant, charged, held, handled, weight)
   redis.call('HSET', uk, tenant, fmt(busy + math.max(0.0, held)) .. ' ' .. (slices + 1) .. ' '
     .. (msgs + handled))
   if redis.call('ZADD', d.a .. 'ub', bucket, bucket) == 1 then prune_usage(d) end
+  return delta
 end
 
 -- a domain written before the scheduler (A turns, A tturn): its tenants with a ready
@@ -333,7 +342,7 @@ local function sweep_domain(d)
     end
     key_delayed_min(d, key)
     if k then save_key(d, k) end
-    if #due > 0 then wake('attention:' .. d.name) end
+    if #due > 0 then wake('attention:' .. d.id) end
   end
   local ended = redis.call('ZRANGEBYSCORE', d.a .. 'slices', '-inf', now, 'LIMIT', 0, 200)
   for _, token in ipairs(ended) do end_slice(d, token, 0, nil, true) end
@@ -349,9 +358,11 @@ end_slice = function(d, token, processed, retry_at, expired)
   if not key then return false end
   local k = load_key(d, key)
   if not k then return true end
+  local tenant, delta = nil, nil
   if sc and not expired then  -- a dead worker's slice keeps its estimate: its cost is unknown
-    local charged, taken_at, tenant = string.match(sc, '^(%S+) (%S+) (.*)$')
-    charge(d, tenant, tonumber(charged), NOW - tonumber(taken_at), processed,
+    local charged, taken_at
+    charged, taken_at, tenant = string.match(sc, '^(%S+) (%S+) (.*)$')
+    delta = charge(d, tenant, tonumber(charged), NOW - tonumber(taken_at), processed,
       plan_of(d, k).weight)
   end
   k.active = k.active - 1
@@ -364,8 +375,8 @@ end_slice = function(d, token, processed, retry_at, expired)
   note_backlog(d, k, v.visible > 0 or v.waiting_due ~= nil)
   k.added = processed
   save_key(d, k)
-  wake('attention:' .. d.name)
-  return true
+  wake('attention:' .. d.id)
+  return true, tenant, delta
 end
 
 -- THE scheduling decision (attention_policy.order): the tenant with a ready signal and the
@@ -434,4 +445,44 @@ local function move_tenant(d, k, tenant)
   k.tenant = tenant
   local seq = redis.call('HINCRBY', d.a .. 'n', 'sigseq', 1)
   for _ = 1, n do push_ready(d, k, seq) end
+end
+
+-- A domain of several shards: the client passes what it learnt in the other shards — the
+-- largest virtual clock it saw and the charges made there to tenants since it last came
+-- here ("tenant delta ..."), which move each tenant's virtual time here by the same
+-- amount, so a tenant's virtual time counts its service in every shard (a tenant with no
+-- state here yet starts at the clock when it first has a ready signal)
+local function apply_sync(d, clock, deltas)
+  sched_state(d)
+  local c = tonumber(clock)
+  if c and c > d.vclock then
+    d.vclock = c
+    redis.call('HSET', d.a .. 'n', 'vclock', fmt(c))
+  end
+  for tenant, delta in string.gmatch(deltas or '', '(%S+) (%S+)') do
+    local tk = d.a .. 'T:' .. tenant
+    local v = redis.call('HMGET', tk, 'vt', 'm')
+    if v[1] then
+      local vt = tonumber(v[1]) + tonumber(delta)
+      redis.call('HSET', tk, 'vt', fmt(vt))
+      if v[2] then redis.call('ZADD', d.a .. 'sched', 'XX', fmt(vt), v[2]) end
+    end
+  end
+end
+
+-- what the client keeps of this shard, after the script: "clock due count tenant vt ...":
+-- the virtual clock, the next due time ("-" none: a delayed signal or a slice's lease
+-- end), how many tenants have a ready signal, and the first VIEW_HEADS of them with their
+-- virtual times (a tenant charged in other shards since may no longer be the first here)
+local VIEW_HEADS = 8
+local function shard_view(d)
+  sched_state(d)
+  local due = domain_due(d)
+  local out = {fmt(d.vclock), due and fmt(due) or '-', redis.call('ZCARD', d.a .. 'sched')}
+  local top = redis.call('ZRANGE', d.a .. 'sched', 0, VIEW_HEADS - 1, 'WITHSCORES')
+  for i = 1, #top, 2 do
+    out[#out + 1] = string.sub(top[i], 33)
+    out[#out + 1] = top[i + 1]
+  end
+  return table.concat(out, ' ')
 end

@@ -109,6 +109,20 @@ local function make_available(q, id, prio, avail)
   end
 end
 
+-- a message stored in an attention key's work queue past the attention API (a plain send,
+-- a redrive, a move): the key goes in its domain's A recon set, which the reconciler
+-- visits, so it needs no look at keys nothing was sent to. Q n's field att holds
+-- "domain TAB A TAB key" (attention_publish writes it, and turns this off for its send).
+local PAST_API = true
+local function note_past_api(q)
+  local att = redis.call('HGET', q.n, 'att')
+  if not att then return end
+  local domain, a, key = string.match(att, '^([^\t]*)\t([^\t]*)\t(.*)$')
+  if domain and redis.call('HEXISTS', q.fb .. 'att', domain) == 1 then
+    redis.call('SADD', a .. 'recon', key)
+  end
+end
+
 -- store new records in q; each item: {fields = {k, v, ...}, delay, prio, group, ref}
 local function insert(q, items)
   local ids = new_ids(q.fb, #items)
@@ -148,6 +162,7 @@ local function insert(q, items)
   if #ready > 0 then bulk('ZADD', q.r, ready, 2) end
   if #delayed > 0 then bulk('ZADD', q.d, delayed, 2); touch(q) end
   redis.call('HINCRBY', q.n, 'sent', #items)
+  if PAST_API then note_past_api(q) end
   wake(q.name)
   return ids
 end
@@ -454,6 +469,20 @@ local function lease_messages(q, n, vt, lease)
     touch(q)
   end
   return out
+end
+
+-- end the current leases of ids (from current()) at once, the delivery not counted as an
+-- attempt
+local function release_messages(q, ids)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', q.l, id); redis.call('HDEL', q.k, id)
+    if redis.call('HINCRBY', q.a, id, -1) <= 0 then redis.call('HDEL', q.a, id) end
+    local prio = 0
+    if q.maxp > 0 then local rec = record(q, id); prio = tonumber(rec and rec.p or 0) end
+    redis.call('ZADD', q.r, ready_score(q, prio, NOW), id)
+    wake(q.name)
+  end
+  if #ids > 0 then touch(q) end
 end
 
 -- ack the current leases of ids (from current()): one command per structure when nothing

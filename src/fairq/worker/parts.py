@@ -1,0 +1,116 @@
+"""The worker runtime's parts: retry delays, counters, and the records of consumers,
+running messages, slices and queued acks that the runtime modules share."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..attention import Attention, Slice
+from ..errors import InvalidOption
+from ..idempotency import IdempotencyStore, IdempotentBy
+from ..message import Received
+from ..queue import Queue
+from .runners import Runners
+
+__all__ = ["Backoff", "Handler", "WorkerStats", "queue_of"]
+
+
+def queue_of(msg: Received) -> Queue:
+    """The queue handle a received message settles its lease through."""
+    q = msg._handle()
+    assert isinstance(q, Queue), q
+    return q
+
+
+Handler = Callable[[Received], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Retry delays: ``base * 2**(attempt-1)`` seconds, at most ``cap``, with the top
+    ``jitter`` fraction randomised so failed messages do not come back in lockstep."""
+
+    base: float = 1.0
+    cap: float = 300.0
+    jitter: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.base < 0 or self.cap < 0 or not 0 <= self.jitter <= 1:
+            raise InvalidOption("Backoff needs base >= 0, cap >= 0 and 0 <= jitter <= 1")
+
+    def delay(self, attempt: int, rng: random.Random | None = None) -> float:
+        """Seconds to wait before delivery ``attempt + 1``."""
+        exp = min(max(attempt, 1) - 1, 64)
+        d = min(self.cap, self.base * (2.0**exp))
+        return d * (1.0 - self.jitter * (rng or random).random())
+
+
+@dataclass(slots=True)
+class WorkerStats:
+    """What a worker has done since it started."""
+
+    received: int = 0
+    acked: int = 0
+    failed: int = 0
+    rejected: int = 0
+    released: int = 0
+    lease_lost: int = 0
+    duplicates: int = 0  # messages acked unhandled: their idempotency key was taken
+    per_queue: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Consumer:
+    name: str
+    handler: Handler
+    concurrency: int
+    retry: Backoff
+    visibility_timeout: float | None
+    is_async: bool
+    queue: Queue | None = None
+    lease: float = 30.0
+    busy: int = 0
+    idempotency: IdempotentBy | None = None
+    claims: IdempotencyStore | None = None
+    attention: Attention | None = None  # set for an attention domain's consumer
+    slice_lease: float = 30.0
+    reconcile_interval: float = 30.0
+    handle_time: float | None = None  # mean seconds per handler call (attention slices)
+    runners: Runners[_Running] | None = None  # the tasks its received messages run in
+
+
+@dataclass(slots=True, eq=False)
+class _SliceRun:
+    consumer: _Consumer
+    slice: Slice
+    lease_until: float
+
+
+@dataclass(frozen=True, slots=True)
+class _PushSettings:
+    topics: list[str] | None
+    concurrency: int
+    timeout: float
+    retry: Backoff
+    rescan: float
+
+
+@dataclass(slots=True, eq=False)
+class _Acks:
+    """The acks of one queue's handled messages waiting for the next ``ack_batch``."""
+
+    queue: Queue
+    entries: list[tuple[_Consumer, Received]]
+
+
+@dataclass(slots=True, eq=False)
+class _Running:
+    consumer: _Consumer
+    msg: Received
+    lease_until: float
+    task: asyncio.Task[None] | None = None
+    settled: bool = False  # an ack, nack or dead letter is on its way: extend it no more

@@ -1,0 +1,145 @@
+"""Handler runners: the tasks a queue consumer's messages run in.
+
+A task per message costs more than a handler that does little (creating it, scheduling
+its first step, one more pass of the event loop, its done callbacks: about as much as the
+message's share of a ``receive(100)`` + ``ack_batch``). So a consumer hands its messages
+to a few long-lived runner tasks instead. A runner takes the next message of the backlog
+and runs it to the end; a handler that returns without waiting (a no-op, a cache hit)
+costs one coroutine, and the runner goes on with the next message in the same step. Only
+when a message waits for something does its runner ask for another runner — an idle one,
+or a new one up to the consumer's concurrency — to carry on with the backlog, so slow
+handlers still run side by side, as many as there are slots.
+
+Each message still runs as if it had a task of its own: in a fresh copy of the
+consumer's context (``contextvars`` set by one handler never leak into the next), and in
+a task that runs nothing else until it ends, so ``asyncio.current_task()``,
+``asyncio.timeout()`` and cancellation behave as usual.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextvars
+import logging
+import types
+from collections.abc import Callable, Coroutine, Generator
+from typing import Any, Generic, TypeVar
+
+__all__ = ["Runners", "run_in"]
+
+log = logging.getLogger("fairq.worker")
+T = TypeVar("T")
+
+
+@types.coroutine
+def run_in(
+    ctx: contextvars.Context, coro: Coroutine[Any, Any, None], on_wait: Callable[[], None]
+) -> Generator[Any, None, None]:
+    """Await ``coro`` with each of its steps run in ``ctx``; call ``on_wait`` the first
+    time it waits (yields a future to the task)."""
+    send, throw = coro.send, coro.throw
+    exc: BaseException | None = None
+    waited = False
+    while True:
+        try:
+            yielded = ctx.run(send, None) if exc is None else ctx.run(throw, exc)
+        except StopIteration:
+            return
+        if not waited:
+            waited = True
+            on_wait()
+        try:
+            yield yielded
+            exc = None
+        except GeneratorExit:
+            coro.close()
+            raise
+        except BaseException as e:  # a cancellation, thrown in by the task: pass it on
+            exc = e
+
+
+class Runners(Generic[T]):
+    """The backlog of one consumer and the runner tasks that work it off.
+
+    ``handle(item)`` is the coroutine that runs one item to its end; it must not raise
+    (except when its task is cancelled). ``limit`` bounds the runners.
+    """
+
+    __slots__ = ("_handle", "_idle", "_stopping", "backlog", "limit", "name", "tasks")
+
+    def __init__(
+        self,
+        name: str,
+        limit: int,
+        handle: Callable[[T, asyncio.Task[None]], Coroutine[Any, Any, None]],
+        stopping: asyncio.Event,
+    ) -> None:
+        self.name = name
+        self.limit = limit
+        self.backlog: collections.deque[T] = collections.deque()
+        self.tasks: set[asyncio.Task[None]] = set()
+        self._idle: list[asyncio.Future[None]] = []
+        self._handle = handle
+        self._stopping = stopping
+
+    def add(self, items: list[T]) -> None:
+        """Queue items and make sure a runner comes for them."""
+        self.backlog.extend(items)
+        self.more()
+
+    def more(self) -> None:
+        """One more runner for the backlog, if there is a backlog: an idle runner, or a
+        new one while there are fewer than ``limit``."""
+        if not self.backlog or self._stopping.is_set():
+            return
+        idle = self._idle
+        while idle:
+            waiter = idle.pop()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        if len(self.tasks) < self.limit:
+            task = asyncio.create_task(self._run(), name=f"fairq-runner:{self.name}")
+            self.tasks.add(task)
+            task.add_done_callback(self.tasks.discard)
+
+    def take_backlog(self) -> list[T]:
+        """Remove and return what no runner has started (at shutdown)."""
+        items = list(self.backlog)
+        self.backlog.clear()
+        return items
+
+    def stop(self) -> None:
+        """Let idle runners end (after ``stopping`` is set)."""
+        idle, self._idle = self._idle, []
+        for waiter in idle:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    async def _run(self) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        loop = asyncio.get_running_loop()
+        backlog = self.backlog
+        stopping = self._stopping
+        more = self.more
+        copy = contextvars.copy_context
+        while not stopping.is_set():
+            if not backlog:
+                waiter = loop.create_future()
+                self._idle.append(waiter)
+                await waiter
+                continue
+            item = backlog.popleft()
+            try:
+                await run_in(copy(), self._handle(item, me), more)
+            except asyncio.CancelledError:
+                if me.cancelling():
+                    raise
+                # the handler let a CancelledError of its own out; this runner goes on
+                log.warning(
+                    "a handler of %s raised CancelledError without being cancelled", self.name
+                )
+            except Exception:  # pragma: no cover - handle() settles every outcome itself
+                log.exception("a message of %s could not be handled", self.name)

@@ -1,0 +1,147 @@
+"""The worker's handler runners (``worker/runners.py``): messages run in a few long-lived
+tasks instead of a task each, yet every message still behaves as if it had its own task —
+its own context, ``current_task()``, timeouts and cancellation — and slow handlers still run
+side by side up to the concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+from pathlib import Path
+
+import fairq
+
+_seen: contextvars.ContextVar[str | None] = contextvars.ContextVar("seen", default=None)
+
+
+async def _run_until(worker: fairq.Worker, done: asyncio.Event, timeout: float = 30) -> None:
+    task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.wait_for(done.wait(), timeout)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def test_each_message_runs_in_its_own_context(tmp_path: Path) -> None:
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}") as broker:
+        q = await broker.declare_queue("work")
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(50)])
+        worker = fairq.Worker(broker, concurrency=4, handle_signals=False, poll_wait=0.2)
+        leaked: list[str] = []
+        done = asyncio.Event()
+        handled = 0
+
+        @worker.queue("work", concurrency=4)
+        async def handle(msg: fairq.Received) -> None:
+            nonlocal handled
+            before = _seen.get()
+            if before is not None:
+                leaked.append(before)
+            _seen.set(msg.id)
+            if handled % 3 == 0:
+                await asyncio.sleep(0)  # some wait: the rest go on in other runners
+            assert _seen.get() == msg.id
+            handled += 1
+            if handled == 50:
+                done.set()
+
+        await _run_until(worker, done)
+        assert leaked == [], "a handler saw another message's context variable"
+        assert worker.stats.acked == 50
+
+
+async def test_slow_handlers_run_side_by_side_each_in_a_task_of_its_own(tmp_path: Path) -> None:
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}") as broker:
+        q = await broker.declare_queue("work")
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(8)])
+        worker = fairq.Worker(broker, concurrency=8, handle_signals=False, poll_wait=0.2)
+        running = 0
+        most = 0
+        tasks: set[asyncio.Task[object] | None] = set()
+        all_in = asyncio.Event()
+        done = asyncio.Event()
+        handled = 0
+
+        @worker.queue("work", concurrency=8)
+        async def handle(msg: fairq.Received) -> None:
+            nonlocal running, most, handled
+            running += 1
+            most = max(most, running)
+            tasks.add(asyncio.current_task())
+            if running == 8:
+                all_in.set()
+            await asyncio.wait_for(all_in.wait(), 10)  # every handler waits for all eight
+            running -= 1
+            handled += 1
+            if handled == 8:
+                done.set()
+
+        await _run_until(worker, done)
+        assert most == 8
+        assert len(tasks) == 8 and None not in tasks
+
+
+async def test_timeouts_and_stray_cancellations_stay_inside_the_handler(tmp_path: Path) -> None:
+    """``asyncio.timeout`` in a handler cancels that handler only (its task is its own), and
+    a CancelledError a handler lets out without being cancelled does not stop the worker."""
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}") as broker:
+        q = await broker.declare_queue("work", max_attempts=1, dead_letter=None)
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(6)])
+        worker = fairq.Worker(broker, concurrency=2, handle_signals=False, poll_wait=0.2)
+        timed_out = 0
+        finished = 0
+        done = asyncio.Event()
+
+        @worker.queue("work", concurrency=2)
+        async def handle(msg: fairq.Received) -> None:
+            nonlocal timed_out, finished
+            try:
+                if msg.body == b"m1":
+                    try:
+                        async with asyncio.timeout(0.01):
+                            await asyncio.sleep(5)
+                    except TimeoutError:
+                        timed_out += 1
+                elif msg.body == b"m3":
+                    cancelled: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+                    cancelled.cancel()
+                    await cancelled  # raises CancelledError into the handler
+            finally:
+                finished += 1
+                if finished == 6:
+                    done.set()
+
+        await _run_until(worker, done)
+        assert timed_out == 1
+        assert worker.stats.acked == 5  # m3 let a CancelledError out: not acked
+        await asyncio.sleep(0)
+        assert (await q.stats()).in_flight == 1  # m3 comes back when its lease ends
+
+
+async def test_stop_gives_back_what_no_runner_started(tmp_path: Path) -> None:
+    """Messages received but not started when the worker stops go back at once, without
+    an attempt; the running one finishes."""
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}") as broker:
+        q = await broker.declare_queue("work")
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(4)])
+        worker = fairq.Worker(broker, concurrency=4, handle_signals=False, poll_wait=0.2)
+        release = asyncio.Event()
+        bodies: list[bytes] = []
+
+        @worker.queue("work", concurrency=4)
+        async def handle(msg: fairq.Received) -> None:
+            bodies.append(msg.body)
+            worker.stop()  # while the other three wait for a runner
+            await release.wait()
+
+        task = asyncio.create_task(worker.run())
+        await asyncio.sleep(0.1)
+        release.set()
+        await asyncio.wait_for(task, 30)
+        assert bodies == [b"m0"]
+        assert (worker.stats.acked, worker.stats.released) == (1, 3)
+        s = await q.stats()
+        assert (s.in_flight, s.visible, s.acked) == (0, 3, 1)
+        again = await q.receive(max_messages=3)
+        assert [m.attempt for m in again] == [1, 1, 1]  # given back without an attempt
