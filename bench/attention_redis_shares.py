@@ -1,4 +1,5 @@
-"""Issue 16's worker-time scenarios on Redis: ``python -m bench.attention_redis_shares``.
+"""Issue 16's worker-time scenarios on Redis, or on RabbitMQ with Redis as its store:
+``python -m bench.attention_redis_shares [--engine amqp]``.
 
 The processes and the measures are bench.contention's (a publisher process, a worker
 process of 4 slots with 1 ms handlers, tenant stats sampled once a second), pointed at a
@@ -15,10 +16,17 @@ private redis-server (no persistence, a free port of 16500-16549) instead of a S
 Each scenario runs ``--repeat`` times (default 3) on a fresh key prefix; the table gives
 the medians. Results: bench/results/attention-redis-shares.json.
 
+``--engine amqp`` runs the same on RabbitMQ (``--amqp-url``, default the local broker; a
+vhost of its own per run, made and deleted through the management API), the redis-server
+as its ``?store=``: the work in RabbitMQ's queues, the signals, tickets and scheduler in
+Redis (docs/rabbitmq.md). The work queues share one dead-letter queue (a RabbitMQ queue
+per key is enough). Results: bench/results/attention-amqp-shares.json.
+
     python -m bench.attention_redis_shares                 # ~6 min
     python -m bench.attention_redis_shares --quick --repeat 1
     python -m bench.attention_redis_shares --url redis://127.0.0.1:6379/0   # a given Redis
     python -m bench.attention_redis_shares --shards 8   # each domain in 8 shards
+    python -m bench.attention_redis_shares --engine amqp --url redis://127.0.0.1:17100/0
 
 ``--shards N`` declares the domains with ``shards=N`` (work queues
 ``{domain}-{shard}.{key}.work``): B's 2,000 keys spread over every shard, A's one key
@@ -29,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import secrets
 import socket
@@ -37,9 +46,10 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import fairq
 
@@ -70,8 +80,35 @@ def _prefixed(url: str) -> str:
     return f"{url}{sep}prefix=bench-{secrets.token_hex(4)}:"
 
 
+#: the RabbitMQ to run on with ``--engine amqp`` (empty: Redis alone)
+AMQP: dict[str, str] = {}
+#: what every domain is declared with besides its plans (RabbitMQ: one shared DLQ)
+OPTIONS: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def _engine_url(redis_url: str) -> Iterator[str]:
+    """The URL of one run: a fresh key prefix on Redis; on RabbitMQ also a fresh vhost (its
+    store that Redis prefix), deleted afterwards."""
+    store = _prefixed(redis_url)
+    if not AMQP:
+        yield store
+        return
+    from fairq.backends.amqp.link import parse_url
+    from fairq.backends.amqp.management import Management
+
+    parsed = parse_url(AMQP["url"] + "?store=memory://")
+    api = Management(parsed.management or "", parsed.user, parsed.password, timeout=600.0)
+    vhost = f"fairq-bench-{secrets.token_hex(4)}"
+    try:
+        api.add_vhost(vhost, parsed.user)
+        yield f"{AMQP['url'].rstrip('/')}/{vhost}?timeout=60&store={quote(store, safe='')}"
+    finally:
+        api.delete_vhost(vhost)
+
+
 def _sharded(shards: int) -> dict[str, Any]:
-    return {"shards": shards} if shards > 1 else {}
+    return {**OPTIONS, "shards": shards} if shards > 1 else dict(OPTIONS)
 
 
 async def shares(
@@ -159,8 +196,7 @@ async def rate2(url: str, tmp: Path, quick: bool, shards: int = 1) -> dict[str, 
 
 
 async def one(name: str, base: str, quick: bool, shards: int) -> dict[str, Any]:
-    url = _prefixed(base)
-    with tempfile.TemporaryDirectory() as d:
+    with _engine_url(base) as url, tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         if name == "rate2":
             return await rate2(url, tmp, quick, shards)
@@ -251,7 +287,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--url", help="a Redis to use (default: a private redis-server)")
     parser.add_argument("--shards", type=int, default=1, help="shards of each domain")
+    parser.add_argument("--engine", choices=("redis", "amqp"), default="redis")
+    parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672")
     args = parser.parse_args(argv)
+    if args.engine == "amqp":
+        AMQP["url"] = args.amqp_url
+        OPTIONS["queue_options"] = {"dead_letter": "bench.dlq"}
     names = [n for n in args.only.split(",") if n]
     for n in names:
         if n not in SCENARIOS:
@@ -272,6 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     entry = {
         "at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(started)),
         "wall_s": round(time.time() - started, 1),
+        "engine": args.engine,
         "redis": "private redis-server" if server is not None else "given URL",
         "repeat": args.repeat,
         "quick": args.quick,
@@ -280,7 +322,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "checks": [{"text": t, "holds": ok} for t, ok in checks(results["medians"])],
     }
     RESULTS.mkdir(exist_ok=True)
-    name = "attention-redis-shares" + (f"-{args.shards}shards" if args.shards > 1 else "")
+    stem = "attention-amqp-shares" if args.engine == "amqp" else "attention-redis-shares"
+    name = stem + (f"-{args.shards}shards" if args.shards > 1 else "")
     path = RESULTS / (name + ("-quick.json" if args.quick else ".json"))
     path.write_text(json.dumps(entry, indent=2))
     for c in entry["checks"]:

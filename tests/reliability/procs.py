@@ -7,8 +7,11 @@ and kill it at the worst moment.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import sys
 import time
+from typing import Any
 
 import fairq
 
@@ -44,6 +47,23 @@ async def publish_attention(url: str, keys: int) -> None:
                 await a.publish_batch(f"store-{k}", [fairq.Outgoing(str(i).encode())] * 3)
             print("round", i, flush=True)
             i += 1
+
+
+async def publish_then_die(url: str, keys: int) -> None:
+    """Publish one message to each of ``keys`` attention keys, then die (kill -9) inside a
+    publish_batch of three to ``store-0``: on RabbitMQ after its tickets and signal are in
+    the store, before its messages reach RabbitMQ."""
+    async with await fairq.connect(url) as broker:
+        a = broker.attention("market")
+        for k in range(keys):
+            await a.publish(f"store-{k}", b"ok")
+
+        async def die(*_: Any) -> None:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        broker.backend._publish_new = die  # type: ignore[attr-defined]
+        print("dying", flush=True)
+        await a.publish_batch("store-0", [fairq.Outgoing(b"lost")] * 3)
 
 
 async def consume(url: str, seconds: float) -> None:
@@ -85,5 +105,6 @@ if __name__ == "__main__":
         "consume": consume,
         "attention": publish_attention,
         "attention-worker": attention_worker,
+        "attention-die": publish_then_die,
     }[role]
     asyncio.run(main(url, int(arg) if role != "consume" else float(arg)))  # type: ignore[operator]

@@ -227,6 +227,11 @@ class SliceRuntime(Runtime):
                 except LeaseLost:
                     log.warning("slice of %s/%s lost its token; ending it", s.domain, s.key)
                     break
+                except ConnectionError as exc:  # the engine is away: the dispatcher waits
+                    log.warning(  # for it; the slice ends (or its token's lease frees it)
+                        "slice of %s/%s could not receive (%s); ending it", s.domain, s.key, exc
+                    )
+                    break
                 if not msgs:
                     break
                 self.stats.received += len(msgs)

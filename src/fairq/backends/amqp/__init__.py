@@ -17,22 +17,17 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from ...clock import Clock
-from ...errors import ConnectionError, Unsupported
-from ...message import Received
-from ...model.attention import AttentionConfig, AttentionStats, KeyStats, Slice
+from ...errors import ConnectionError
 from ...model.idempotency import IdempotencyRecord, Version
-from ...model.queues import Envelope
 from ...model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ..open import open_backend
+from .attention import AmqpAttention
 from .link import parse_url
-from .topics import AmqpTopics
 
 __all__ = ["AmqpBackend"]
 
-_ATTENTION = "attention domains are not available on RabbitMQ yet (capability 'attention')"
 
-
-class AmqpBackend(AmqpTopics):
+class AmqpBackend(AmqpAttention):
     """See the module docstring."""
 
     missing: ClassVar[Mapping[str, str]] = {
@@ -72,10 +67,6 @@ class AmqpBackend(AmqpTopics):
         "processes' leases and delayed messages stay",
         "queues.change_arguments": "re-declaring a queue with another retention, max_length "
         "or overflow raises Unsupported (RabbitMQ queue arguments are fixed)",
-        "attention": "attention domains raise Unsupported (not built on RabbitMQ yet)",
-        "worker_time_fairness": "no attention domains on RabbitMQ yet",
-        "attention.tenant_stats": "no attention domains on RabbitMQ yet",
-        "attention.one_take_per_due": "no attention domains on RabbitMQ yet",
         "listen.processes": "Topic.listen hears the publishes of this process only",
         "store.counts": "RabbitMQ keeps no named counters for another engine: it cannot be "
         "another amqp:// URL's ?store=",
@@ -100,54 +91,6 @@ class AmqpBackend(AmqpTopics):
             await self.store.close()
             await self.link.close()
             raise
-
-    # -- attention (not on RabbitMQ yet) ---------------------------------------------------
-    async def declare_attention(self, domain: str, config: AttentionConfig) -> None:
-        raise Unsupported(_ATTENTION)
-
-    async def attention_config(self, domain: str) -> AttentionConfig:
-        raise Unsupported(_ATTENTION)
-
-    async def list_attention(self, prefix: str = "") -> list[str]:
-        return []
-
-    async def delete_attention(self, domain: str) -> bool:
-        return False
-
-    async def attention_publish(
-        self, domain: str, key: str, envelopes: list[Envelope]
-    ) -> list[str]:
-        raise Unsupported(_ATTENTION)
-
-    async def attention_take(self, domain: str) -> Slice | None:
-        raise Unsupported(_ATTENTION)
-
-    async def attention_receive(
-        self, domain: str, token: str, n: int, visibility_timeout: float | None
-    ) -> tuple[list[Received], float | None]:
-        raise Unsupported(_ATTENTION)
-
-    async def attention_extend(self, domain: str, token: str) -> bool:
-        raise Unsupported(_ATTENTION)
-
-    async def attention_end(
-        self, domain: str, token: str, processed: int, retry_at: float | None
-    ) -> None:
-        raise Unsupported(_ATTENTION)
-
-    async def attention_set_resource(
-        self, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None
-    ) -> None:
-        raise Unsupported(_ATTENTION)
-
-    async def attention_stats(self, domain: str) -> AttentionStats:
-        raise Unsupported(_ATTENTION)
-
-    async def attention_key_stats(self, domain: str, top: int) -> list[KeyStats]:
-        raise Unsupported(_ATTENTION)
-
-    async def attention_reconcile(self, domain: str) -> int:
-        raise Unsupported(_ATTENTION)
 
     # -- idempotency and waiting rooms: the store's ----------------------------------------
     async def claim(

@@ -122,6 +122,11 @@ class AmqpCore(Backend):
                 await admin.queue_bind(name, topology.DUE, routing_key=pattern)
         self._bound.add(name)
 
+    async def _classic(self, name: str) -> bool:
+        """Whether queue ``name`` is a classic queue whatever its options (an attention
+        work queue, ``attention.py``); else its options decide (``topology.quorum``)."""
+        return False
+
     # -- sending ---------------------------------------------------------------------------
     def _new_id(self) -> str:
         self._last_id = next_id_base(self._last_id, self.clock.now())

@@ -10,6 +10,10 @@ messages return to the queue at once (the channel closes with the connection).
 on the same channel: deliveries the broker had already sent this consumer arrive before that
 second answer (a channel's frames keep their order), so an empty receive means the queue
 has nothing visible for this process, not "still in flight".
+
+A *lane* is a feed that does not consume (``consume=False``): a channel that only asks
+(``basic.get``) for the messages of any queue — attention slices use a few of them rather
+than a consumer per work queue (``attention.py``).
 """
 
 from __future__ import annotations
@@ -49,6 +53,9 @@ class Lease:
     attempt: int
     deadline: float
     enqueued_at: float
+    #: the store's receipt of the message's ticket (an attention work queue's message,
+    #: ``attention.py``), settled along with the delivery; None for other queues
+    ticket: str | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -59,6 +66,8 @@ class Feed:
     link: Link
     prefetch: int
     on_delivery: Callable[[str], None]
+    #: False for a *lane*: a channel that only asks (``basic.get``) from any queue
+    consume: bool = True
     held: collections.deque[Delivered] = field(default_factory=collections.deque)
     channel: Channel | None = None
     generation: int = -1
@@ -98,6 +107,8 @@ class Feed:
             ch = await self.link.channel(self.key, prefetch=self.prefetch)
             # set before consuming: the first deliveries may run before consume-ok returns
             self.channel, self.generation = ch, self.link.generation
+            if not self.consume:
+                return ch
             with driver_errors(f"consuming queue {self.queue!r}", self.link.url.masked):
                 ok = await ch.basic_consume(self.queue, self._deliver, no_ack=False)
             self.consumer_tag = ok.consumer_tag
@@ -131,14 +142,16 @@ class Feed:
                     await self.returned.wait()
             self.returning.clear()
 
-    async def get(self) -> Delivered | None:
-        """One message by ``basic.get`` (None: the queue had none ready)."""
+    async def get(self, queue: str | None = None) -> Delivered | None:
+        """One message of ``queue`` (default: the feed's) by ``basic.get`` (None: the queue
+        had none ready)."""
+        queue = self.queue if queue is None else queue
         ch = await self.start()
         # a cancelled RPC would cost the channel (and every lease on it): let the get finish,
         # and keep what it brings if nobody waits for it any more
-        task = asyncio.ensure_future(ch.basic_get(self.queue, no_ack=False))
+        task = asyncio.ensure_future(ch.basic_get(queue, no_ack=False))
         try:
-            with driver_errors(f"receiving from queue {self.queue!r}", self.link.url.masked):
+            with driver_errors(f"receiving from queue {queue!r}", self.link.url.masked):
                 got = await asyncio.shield(task)
         except asyncio.CancelledError:
             task.add_done_callback(lambda t: self._orphan(t, ch))
@@ -153,6 +166,10 @@ class Feed:
             return
         got = task.result()
         if not isinstance(got.delivery, spec.Basic.GetEmpty) and ch is self.channel:
+            if not self.consume:  # a lane holds nothing for later: back it goes
+                task = asyncio.ensure_future(ch.basic_nack(got.delivery.delivery_tag, requeue=True))
+                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                return
             self.unsettled.add(got.delivery.delivery_tag)
             self.held.appendleft(got)
             self.on_delivery(self.queue)
@@ -192,6 +209,21 @@ class Feed:
                 await ch.basic_ack(tag, wait=False)
         except Exception:  # the channel closed: the broker gives those deliveries back
             log.debug("acks on %s were not sent", self.queue, exc_info=True)
+
+    async def sync_acks(self) -> bool:
+        """Send the acks asked for, then make a round trip on the channel: True once the
+        broker has processed them (its answer comes after them), False if the channel went
+        away (the broker returns their messages to their queues)."""
+        await self.flush_acks()
+        ch = self.channel
+        if ch is None or not self.live():
+            return False
+        try:
+            await ch.basic_qos(prefetch_count=self.prefetch)
+        except Exception:
+            log.debug("the channel of %s went away before its acks were confirmed", self.queue)
+            return False
+        return self.live()
 
     async def stop(self) -> list[Delivered]:
         """Stop consuming; return what was held (still unacked on the channel)."""

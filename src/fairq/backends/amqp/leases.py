@@ -66,15 +66,22 @@ class AmqpLeases(AmqpCore):
         return out
 
     async def _lease(
-        self, feed: Feed, config: QueueConfig, delivered: Delivered, vt: float
+        self,
+        feed: Feed,
+        config: QueueConfig,
+        delivered: Delivered,
+        vt: float,
+        queue: str | None = None,
     ) -> Received | None:
-        """Start a lease on a delivery (or dead-letter it if it is past its attempts)."""
+        """Start a lease on a delivery of ``queue`` (default: the feed's) — or dead-letter
+        it if it is past its attempts."""
+        queue = feed.queue if queue is None else queue
         props = delivered.header.properties
         headers = dict(props.headers or {})
         prior = int(headers.get(PRIOR, 0))
-        if topology.quorum(config):
-            returned = int(headers.get("x-delivery-count", 0))
-        else:
+        if "x-delivery-count" in headers:  # a quorum queue counts every return
+            returned = int(headers["x-delivery-count"])
+        else:  # a first delivery, or a classic queue's "returned at least once"
             returned = 1 if delivered.delivery.redelivered else 0
         attempt = prior + returned + 1
         mid = props.message_id or self._new_id()
@@ -84,7 +91,7 @@ class AmqpLeases(AmqpCore):
             enqueued_at = self.clock.now()
         now = self.clock.now()
         lease = Lease(
-            feed.queue,
+            queue,
             feed,
             feed.generation,
             delivered.delivery.delivery_tag,
@@ -110,7 +117,7 @@ class AmqpLeases(AmqpCore):
         heapq.heappush(self._deadlines, (lease.deadline, receipt))
         self._kick.set()
         if attempt > 1:
-            self._count(feed.queue, "redelivered")
+            self._count(queue, "redelivered")
         return Received(
             mid,
             delivered.body,
@@ -120,7 +127,7 @@ class AmqpLeases(AmqpCore):
             lease.priority,
             text(headers[GROUP]) if GROUP in headers else None,
             receipt,
-            feed.queue,
+            queue,
         )
 
     # -- settling --------------------------------------------------------------------------
@@ -159,6 +166,7 @@ class AmqpLeases(AmqpCore):
         await self._expire_leases()
         lost = []
         acked = 0
+        ticketed: list[Lease] = []
         for receipt in receipts:
             lease = self._current(queue, receipt)
             if lease is None:
@@ -167,9 +175,13 @@ class AmqpLeases(AmqpCore):
             self._end(receipt)
             await self._settle(lease, "ack")
             acked += 1
+            if lease.ticket is not None:
+                ticketed.append(lease)
         if acked:
             self._count(queue, "acked", acked)
             self.wakeups.notify([queue])
+        if ticketed:
+            await self._tickets_done(ticketed)
         return lost
 
     def _one(self, queue: str, receipt: str) -> Lease:
@@ -191,13 +203,18 @@ class AmqpLeases(AmqpCore):
         ``delay``, or dead-lettered if it was the last allowed attempt."""
         if config.max_attempts is not None and lease.attempt >= config.max_attempts:
             await self._dead_letter(lease, config, "max_attempts")
-        elif delay > 0:
-            await self._copy(lease, lease.queue, lease.attempt, delay)
-        elif topology.quorum(config):
-            lease.feed.returns(lease.message_id)
-            await self._settle(lease, "nack", requeue=True)  # to the tail, x-delivery-count + 1
+            if lease.ticket is not None:
+                await self._tickets_done([lease])
         else:
-            await self._copy(lease, lease.queue, lease.attempt, 0.0)
+            if delay > 0:
+                await self._copy(lease, lease.queue, lease.attempt, delay)
+            elif topology.quorum(config) and not await self._classic(lease.queue):
+                lease.feed.returns(lease.message_id)
+                await self._settle(lease, "nack", requeue=True)  # to the tail, delivery count + 1
+            else:
+                await self._copy(lease, lease.queue, lease.attempt, 0.0)
+            if lease.ticket is not None:
+                await self._ticket_back(lease, delay)
         self.wakeups.notify([lease.queue])
 
     async def _copy(self, lease: Lease, queue: str, prior: int, delay: float) -> None:
@@ -252,6 +269,7 @@ class AmqpLeases(AmqpCore):
         await self._config(queue)
         await self._expire_leases()
         lost = []
+        ticketed: list[Lease] = []
         now = self.clock.now()
         for receipt in receipts:
             lease = self._current(queue, receipt)
@@ -260,7 +278,11 @@ class AmqpLeases(AmqpCore):
                 continue
             lease.deadline = now + seconds
             heapq.heappush(self._deadlines, (lease.deadline, receipt))
+            if lease.ticket is not None:
+                ticketed.append(lease)
         self._kick.set()
+        if ticketed:
+            await self._tickets_extended(ticketed, seconds)
         return lost
 
     async def release(self, queue: str, receipts: list[str]) -> list[str]:
@@ -274,6 +296,8 @@ class AmqpLeases(AmqpCore):
                 continue
             self._end(receipt)
             await self._copy(lease, queue, lease.attempt - 1, 0.0)
+            if lease.ticket is not None:
+                await self._ticket_back(lease, None)
         self.wakeups.notify([queue])
         return lost
 
@@ -282,7 +306,21 @@ class AmqpLeases(AmqpCore):
         await self._expire_leases()
         lease = self._one(queue, receipt)
         await self._dead_letter(lease, config, "rejected", reason)
+        if lease.ticket is not None:
+            await self._tickets_done([lease])
         self.wakeups.notify([queue])
+
+    # -- tickets: the store's side of an attention work queue's leases (attention.py) -----
+    async def _tickets_done(self, leases: list[Lease]) -> None:
+        """The deliveries of ``leases`` are gone for good (acked, dead-lettered): so are
+        their tickets."""
+
+    async def _ticket_back(self, lease: Lease, delay: float | None) -> None:
+        """The lease's delivery went back to its queue, visible after ``delay`` (None: at
+        once, without counting an attempt): so does its ticket."""
+
+    async def _tickets_extended(self, leases: list[Lease], seconds: float) -> None:
+        """The leases now end ``seconds`` from now: their tickets' leases follow."""
 
     # -- lease ends ------------------------------------------------------------------------
     async def _expire_leases(self) -> None:
@@ -330,7 +368,6 @@ class AmqpLeases(AmqpCore):
             held = await feed.stop()
             if not held or not feed.live():
                 continue
-            config = await self._config(feed.queue)
             for delivered in held:
                 headers = dict(delivered.header.properties.headers or {})
                 lease = Lease(
@@ -346,9 +383,7 @@ class AmqpLeases(AmqpCore):
                     0.0,
                     0.0,
                 )
-                prior = int(headers.get(PRIOR, 0))
-                if topology.quorum(config):
-                    prior += int(headers.get("x-delivery-count", 0))
+                prior = int(headers.get(PRIOR, 0)) + int(headers.get("x-delivery-count", 0))
                 await self._copy(lease, feed.queue, prior, 0.0)
 
     async def next_due(self) -> float | None:

@@ -53,7 +53,7 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     RuntimeError,  # aiormq: "... closed" on a channel whose connection went away
 )
 
-_OPTIONS = ("store", "prefetch", "management", "timeout", "name")
+_OPTIONS = ("store", "prefetch", "management", "timeout", "name", "attention_queues")
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +73,7 @@ class AmqpUrl:
     management: str | None  # base URL of the management HTTP API, or None for "do not use"
     timeout: float
     name: str
+    attention_queues: str = "classic"  # the type of attention work queues: classic | quorum
 
 
 def parse_url(url: str) -> AmqpUrl:
@@ -81,7 +82,9 @@ def parse_url(url: str) -> AmqpUrl:
     Options: ``store`` (the URL of the backend that keeps what RabbitMQ cannot: required),
     ``prefetch`` (deliveries a consumer may hold, default 200), ``management``
     (``http://host:15672`` by default, ``off`` to never use the HTTP API), ``timeout``
-    (seconds to connect, default 10), ``name`` (the connection name shown by RabbitMQ).
+    (seconds to connect, default 10), ``name`` (the connection name shown by RabbitMQ),
+    ``attention_queues`` (``classic``, the default, or ``quorum``: the type of attention
+    work queues).
     Any other query option is passed to aio-pika.
     """
     masked = mask_url(url)
@@ -104,6 +107,9 @@ def parse_url(url: str) -> AmqpUrl:
         raise InvalidOption(f"bad prefetch or timeout in {masked!r}") from exc
     if prefetch < 1 or timeout <= 0:
         raise InvalidOption(f"prefetch must be >= 1 and timeout > 0 in {masked!r}")
+    attention_queues = ours.get("attention_queues", "classic")
+    if attention_queues not in ("classic", "quorum"):
+        raise InvalidOption(f"attention_queues must be classic or quorum in {masked!r}")
     management: str | None = ours.get("management", f"http://{host}:15672")
     if management in ("off", "none", ""):
         management = None
@@ -123,6 +129,7 @@ def parse_url(url: str) -> AmqpUrl:
         management=management,
         timeout=timeout,
         name=ours.get("name") or f"fairq {socket.gethostname()}:{os.getpid()}",
+        attention_queues=attention_queues,
     )
 
 

@@ -79,3 +79,21 @@ class Management:
             "GET", f"/queues/{quote(vhost, safe='')}/{quote(name, safe='')}"
         )
         return result
+
+    async def ready_queues(self, vhost: str, name_regex: str) -> list[str]:
+        """The queues of ``vhost`` whose names match ``name_regex`` and that had ready
+        messages when the broker last sampled its statistics (every 5 s by default): one
+        paged listing, however many queues there are."""
+        v = quote(vhost, safe="")
+        found: list[str] = []
+        page = 1
+        while True:
+            query = (
+                f"page={page}&page_size=500&use_regex=true&name={quote(name_regex, safe='')}"
+                "&columns=name,messages_ready"
+            )
+            got: dict[str, Any] = await self.acall("GET", f"/queues/{v}?{query}")
+            found.extend(q["name"] for q in got.get("items", []) if q.get("messages_ready"))
+            if page >= int(got.get("page_count") or 1):
+                return found
+            page += 1

@@ -27,7 +27,7 @@ import contextlib
 import time
 from typing import Any
 
-from ...errors import ConfigConflict, QueueFull, QueueNotFound, Unsupported
+from ...errors import ConfigConflict, InvalidName, QueueFull, QueueNotFound, Unsupported
 from ...message import Received, id_time, parse_id
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..rules import check_priorities, plan_dedup, redrive_attributes
@@ -75,8 +75,8 @@ class AmqpQueues(AmqpLeases):
         await self.link.close()
         await self.store.close()
 
-    async def _declare_rabbit(self, name: str, config: QueueConfig) -> None:
-        args = topology.queue_arguments(name, config)
+    async def _declare_rabbit(self, name: str, config: QueueConfig, classic: bool) -> None:
+        args = topology.queue_arguments(name, config, classic)
         admin = await self.link.channel("admin")
         try:
             with driver_errors(f"declaring queue {name!r}", self.url.masked):
@@ -104,25 +104,32 @@ class AmqpQueues(AmqpLeases):
     async def _prepare_queue(self, name: str, config: QueueConfig) -> None:
         """The RabbitMQ side of declaring a queue (the store registers it after)."""
         self._check_open()
+        classic = await self._classic(name)
+        if name.startswith(topology.RESERVED):
+            raise InvalidName(
+                f"queue {name!r}: names starting with {topology.RESERVED!r} are fairq's own on "
+                "RabbitMQ (the store's tickets of attention work queues)"
+            )
         try:
             old: QueueConfig | None = await self.store.queue_config(name)
         except QueueNotFound:
             old = None
         if old is not None:
             old.check_change(name, config)
-            if topology.queue_arguments(name, old) != topology.queue_arguments(name, config):
+            before = topology.queue_arguments(name, old, classic)
+            if before != topology.queue_arguments(name, config, classic):
                 raise Unsupported(
                     f"queue {name!r}: retention, max_length and overflow are RabbitMQ queue "
                     "arguments, fixed when the queue is declared; delete the queue and declare "
                     "it again (capability 'queues.change_arguments')"
                 )
-        await self._declare_rabbit(name, config)
+        await self._declare_rabbit(name, config, classic)
         dlq = config.dead_letter
         if dlq is not None:
             try:
                 await self.store.queue_config(dlq)
             except QueueNotFound:
-                await self._declare_rabbit(dlq, QueueConfig.for_dead_letters())
+                await self._declare_rabbit(dlq, QueueConfig.for_dead_letters(), classic)
         await self._bind_dead_letters(name, old.dead_letter if old else None, dlq)
 
     def _declared(self, name: str, config: QueueConfig) -> None:
@@ -159,6 +166,13 @@ class AmqpQueues(AmqpLeases):
         self, queue: str, config: QueueConfig, envelopes: list[Envelope], ids: list[str]
     ) -> None:
         """Publish new messages to ``queue``; ``QueueFull`` if a bounded queue refused any."""
+        took = await self._publish_new(queue, envelopes, ids)
+        self._check_took(queue, config, took)
+
+    async def _publish_new(
+        self, queue: str, envelopes: list[Envelope], ids: list[str]
+    ) -> list[bool]:
+        """Publish new messages to ``queue`` (counted ``sent``); which ones it took."""
         items = []
         for env, mid in zip(envelopes, ids, strict=True):
             exchange, key = await self._route(queue, env.delay)
@@ -170,6 +184,11 @@ class AmqpQueues(AmqpLeases):
         stored = sum(took)
         if stored:
             self._count(queue, "sent", stored)
+        return took
+
+    def _check_took(self, queue: str, config: QueueConfig, took: list[bool]) -> None:
+        """``QueueFull`` if RabbitMQ refused any of a send's messages."""
+        stored = sum(took)
         if stored < len(took):
             raise QueueFull(
                 queue,
@@ -320,6 +339,7 @@ class AmqpQueues(AmqpLeases):
             await self._config(to)
         ch = await self.link.channel(f"redrive:{queue}")
         moved = kept = 0
+        arrived: dict[str, int] = {}
         try:
             with driver_errors(f"redriving {queue!r}", self.url.masked):
                 ok = await ch.queue_declare(queue, passive=True)
@@ -358,10 +378,16 @@ class AmqpQueues(AmqpLeases):
                 if took and target is not None:
                     self._count(target, "sent")
                     self.wakeups.notify([target])
+                    arrived[target] = arrived.get(target, 0) + 1
                     moved += 1
         finally:
             self.link.forget(f"redrive:{queue}")
             with contextlib.suppress(Exception):
                 await ch.close()
+            if arrived:
+                await self._redriven(arrived)
         self.wakeups.notify([queue])
         return moved
+
+    async def _redriven(self, arrived: dict[str, int]) -> None:
+        """Hook: a redrive brought ``arrived[q]`` messages into queue ``q``."""

@@ -38,6 +38,7 @@ __all__ = [
     "DLX",
     "DUE",
     "LEVELS",
+    "RESERVED",
     "UNIT",
     "delay_route",
     "due_pattern",
@@ -49,6 +50,9 @@ __all__ = [
     "wheel",
 ]
 
+#: names fairq keeps for itself in the store: ``fairq:<work queue>`` holds the tickets of an
+#: attention work queue (``attention.py``); no queue of the user's may start with it
+RESERVED = "fairq:"
 DLX = "fairq/dlx"  # direct: dead letters by source queue name -> its dead-letter queue
 DUE = "fairq/due"  # topic: the end of every delay -> the target queue
 LEVELS = 29  # 2**29 units of 10 ms: delays up to 62 days
@@ -63,8 +67,9 @@ def quorum(config: QueueConfig) -> bool:
     return config.max_priority == 0 and config.max_length is None
 
 
-def queue_arguments(name: str, config: QueueConfig) -> dict[str, Any]:
-    """The ``queue.declare`` arguments of fairq queue ``name``."""
+def queue_arguments(name: str, config: QueueConfig, classic: bool = False) -> dict[str, Any]:
+    """The ``queue.declare`` arguments of fairq queue ``name`` (a classic queue whatever
+    its options with ``classic``: an attention work queue and its dead-letter queue)."""
     if config.fifo:
         raise Unsupported(
             "FIFO groups (fifo=True) are not available on RabbitMQ: one queue delivers to "
@@ -86,7 +91,7 @@ def queue_arguments(name: str, config: QueueConfig) -> dict[str, Any]:
         "x-dead-letter-exchange": DLX,
         "x-dead-letter-routing-key": name,
     }
-    if quorum(config):
+    if quorum(config) and not classic:
         args["x-queue-type"] = "quorum"
     else:
         args["x-queue-type"] = "classic"
