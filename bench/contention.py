@@ -8,7 +8,10 @@ a process of its own, the workers in others; 4 workers (slots), 1 ms handlers.
            rest (work-conserving), and the tenant stats say A is at its cap.
   burst    a deep key keeps the workers busy; 500 small keys x 2 messages arrive at once:
            the small keys' wait (publish to handler start), with the burst published from
-           the workers' own process and from another process (SQLite's write lock).
+           the workers' own process and from another process (SQLite's write lock); and
+           the same messages from another process into one shared queue consumed by the
+           same Worker. Targets: cross-process p99 <= 3x in-process; shared queue >= 20x
+           the cross-process attention p99. ``--runs N`` repeats the three (medians).
   rate2    Plan(rate=20, burst=1), 2,000 messages, 2 worker processes x 2 slots: take
            attempts (attention_take calls) per handled message (target <= 1.5) and the
            rate reached (target 20/s within 5 %).
@@ -19,6 +22,7 @@ a process of its own, the workers in others; 4 workers (slots), 1 ms handlers.
     python -m bench.contention                        # every scenario (~8 min)
     python -m bench.contention --quick                # short runs (~2 min)
     python -m bench.contention --only shares,rate2
+    python -m bench.contention --only burst --runs 3       # the burst's medians of 3
     python -m bench.contention --fairq-src /tmp/old/src --label before   # another fairq
 
 Each scenario runs its processes on a fresh SQLite file. Results: a table, and
