@@ -612,31 +612,36 @@ def checks(r: dict[str, Any]) -> list[tuple[str, bool]]:
 
 def plot(doc: dict[str, Any], out: Path) -> Path:
     """Panels: worker-time share of A and B (fan-out, capped), take attempts per message,
-    messages delivered again per kill; each run of the document (before / after) side by
-    side."""
+    messages delivered again per kill, the burst's p99 waits; each run of the document
+    (before / after) side by side."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     runs = sorted(doc["runs"], key=lambda r: not r["label"].startswith("before"))
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.8))
+    fig, axes = plt.subplots(1, 5, figsize=(22, 4.8))
     labels = [r["label"] for r in runs]
-    colors = ["#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c"][: len(runs)]
+    colors = ["#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"][: len(runs)]
 
-    def bars(ax: Any, title: str, groups: list[str], values: list[list[float]], fmt: str) -> None:
-        width = 0.8 / max(1, len(runs))
-        for i, (label, vals) in enumerate(zip(labels, values, strict=True)):
-            xs = [g + (i - (len(runs) - 1) / 2) * width for g in range(len(groups))]
-            b = ax.bar(xs, vals, width, label=label, color=colors[i])
+    def bars(
+        ax: Any, title: str, groups: list[str], values: list[list[float] | None], fmt: str
+    ) -> None:
+        """One bar per group for each run that measured it (None: the run did not)."""
+        drawn = [(i, v) for i, v in enumerate(values) if v is not None]
+        width = 0.8 / max(1, len(drawn))
+        for j, (i, vals) in enumerate(drawn):
+            xs = [g + (j - (len(drawn) - 1) / 2) * width for g in range(len(groups))]
+            b = ax.bar(xs, vals, width, label=labels[i], color=colors[i])
             ax.bar_label(b, labels=[fmt.format(v) for v in vals], fontsize=7, padding=2)
         ax.set_xticks(range(len(groups)), groups, fontsize=8)
         ax.set_title(title, fontsize=10)
+        ax.legend(fontsize=7)
 
-    def share(r: dict[str, Any], key: str) -> list[float]:
+    def share(r: dict[str, Any], key: str) -> list[float] | None:
         x = r["results"].get(key)
         if not x:
-            return [0.0, 0.0]
+            return None
         return [x["share_A"], 1 - x["share_A"]]
 
     bars(
@@ -659,15 +664,20 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
         axes[2],
         "rate=20, burst=1, 2 processes: take attempts per message",
         ["attempts"],
-        [[r["results"].get("rate2", {}).get("takes_per_message", 0.0)] for r in runs],
+        [
+            [r["results"]["rate2"]["takes_per_message"]] if "rate2" in r["results"] else None
+            for r in runs
+        ],
         "{:.2f}",
     )
     axes[2].axhline(1.5, color="#c00", lw=0.8, ls="--")
 
-    def again(r: dict[str, Any]) -> list[float]:
+    def again(r: dict[str, Any]) -> list[float] | None:
         res = r["results"]
         keys = ("chaos_attention", "chaos_queue")
-        return [res.get(k, {}).get("redelivered_per_kill", 0.0) for k in keys]
+        if not all(k in res for k in keys):
+            return None
+        return [res[k]["redelivered_per_kill"] for k in keys]
 
     bars(
         axes[3],
@@ -676,7 +686,20 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
         [again(r) for r in runs],
         "{:.1f}",
     )
-    axes[0].legend(fontsize=8)
+
+    def waits(r: dict[str, Any]) -> list[float] | None:
+        if "burst_cross_process" not in r["results"]:
+            return None
+        return [max(1e-3, (r["results"].get(k) or {}).get("p99_s") or 0.0) for k in BURSTS]
+
+    bars(
+        axes[4],
+        "burst: small keys' p99 wait (s, log; not measured: 0.001)",
+        ["attention,\nin-process", "attention,\nother process", "shared queue,\nother process"],
+        [waits(r) for r in runs],
+        "{:.3g}",
+    )
+    axes[4].set_yscale("log")
     fig.suptitle(
         "attention under contention (SQLite; publisher in its own process; "
         f"{WORKERS} workers, 1 ms handlers)",
