@@ -53,9 +53,9 @@ def merged(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def checks(by: dict[str, dict[str, Any]], stores: int) -> list[tuple[str, bool]]:
-    """Issue 4's acceptance, from the (median) rows by strategy (``stores``: how many
-    store queues the idle engine holds)."""
+def checks(by: dict[str, dict[str, Any]], keys: int) -> list[tuple[str, bool]]:
+    """Issue 4's acceptance, from the (median) rows by strategy (``keys``: how many keys
+    the attention domain holds when it idles)."""
     out: list[tuple[str, bool]] = []
     if "e0" in by and by["e0"]["small_p99"]:
         base = by["e0"]["small_p99"]
@@ -86,9 +86,13 @@ def checks(by: dict[str, dict[str, Any]], stores: int) -> list[tuple[str, bool]]
         extra = "".join(
             f"; {k} {v:.1f}" for k, v in engine.items() if k != "seconds" and v is not None
         )
-        if engine.get("redis_commands_per_s") is not None:
-            per_key = engine["redis_commands_per_s"] / stores
-            extra += f" ({per_key:.4f} commands per idle key per s, all of the domain's)"
+        reconciles = e.get("idle_methods", {}).get("attention_reconcile", 0.0) * engine.get(
+            "seconds", 0.0
+        )
+        extra += f"; reconciler runs in the {engine.get('seconds', 0):.0f} s: {reconciles:.0f}"
+        if engine.get("redis_per_store_commands_per_s") is not None:
+            per_key = engine["redis_per_store_commands_per_s"] / keys
+            extra += f" ({per_key:.3f} commands per idle key per s)"
         out.append(
             (
                 f"idle attention: {e['idle_per_store_calls_per_s']:.0f} backend calls/s touch "
