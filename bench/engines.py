@@ -27,10 +27,13 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from fairq.backends.base import Backend
 
 ROOT = Path(__file__).resolve().parents[1]
 ENGINES = ("sqlite", "redis", "postgres")
@@ -260,3 +263,23 @@ class IdleProbe:
             cls.execute = original  # type: ignore[method-assign]
 
         self._undo = undo
+
+
+class Counting:
+    """Counts calls to the backend's methods (wraps them in place)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.calls: Counter[str] = Counter()
+        for name in dir(Backend):  # the seam's operations (not an engine's own helpers)
+            if name.startswith("_") or name in ("wakeups", "clock", "poll_interval"):
+                continue
+            fn = getattr(backend, name)
+            if asyncio.iscoroutinefunction(fn):
+                setattr(backend, name, self._wrap(name, fn))
+
+    def _wrap(self, name: str, fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls[name] += 1
+            return await fn(*args, **kwargs)
+
+        return counted
