@@ -52,7 +52,16 @@ from typing import Any
 
 import fairq
 
-from .attention_report import SCENARIO, STRATEGIES, checks, merged, plot, png_path, table
+from .attention_report import (
+    SCENARIO,
+    STRATEGIES,
+    checks,
+    markdown,
+    merged,
+    plot,
+    png_path,
+    table,
+)
 from .attention_single import one_key_throughput, rate_limited, tenant_shares
 from .attention_single import started_worker as _started
 from .engines import ENGINES, Counting, Engine, IdleProbe, fresh, started
@@ -482,6 +491,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--runs", type=int, default=1, help="runs per strategy (medians)")
     parser.add_argument("--plot", action="store_true", help="only redraw the PNG from the JSON")
+    parser.add_argument(
+        "--markdown", action="store_true", help="only print the acceptance table from the JSON"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--private-server", action="store_true", help=argparse.SUPPRESS)
@@ -503,6 +515,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = results_path(args.backend, args.quick)
     if args.plot:
         print(plot(json.loads(path.read_text()), png_path(DOCS, args.backend)))
+        return 0
+    if args.markdown:
+        print(markdown(json.loads(path.read_text())))
         return 0
     from rich.console import Console
 

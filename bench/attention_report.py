@@ -258,3 +258,121 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """Issue 4's acceptance as a Markdown table (figure, measured, target, holds) for
+    docs/benchmarks.md, from a results document's median rows."""
+    by = {r["strategy"]: r for r in doc["results"]}
+    rows: list[tuple[str, str, str, str]] = []
+
+    def yes(ok: bool) -> str:
+        return "yes" if ok else "**no**"
+
+    def ms(x: float) -> str:
+        return f"{x * 1000:,.1f} ms" if x < 10 else f"{x:,.1f} s"
+
+    def runs(*names: str) -> str:
+        n = sorted({int(by[k].get("runs", 1)) for k in names if k in by})
+        return " (1 run)" if n == [1] else f" (median of {'/'.join(map(str, n))} runs)"
+
+    e, e0, a = by.get("e"), by.get("e0"), by.get("a")
+    if e and e0:
+        x = e["small_p99"] / e0["small_p99"]
+        rows.append(
+            (
+                "small stores' p99 wait: attention / noisy store absent" + runs("e", "e0"),
+                f"{ms(e['small_p99'])} / {ms(e0['small_p99'])} = **{x:.2f}x**",
+                "≤ 3x",
+                yes(x <= 3),
+            )
+        )
+    if a and e0:
+        x = a["small_p99"] / e0["small_p99"]
+        rows.append(
+            (
+                "small stores' p99 wait: one shared queue / noisy store absent" + runs("a"),
+                f"{ms(a['small_p99'])} / {ms(e0['small_p99'])} = **{x:,.0f}x**",
+                "≥ 20x",
+                yes(x >= 20),
+            )
+        )
+    if e:
+        eng = e.get("idle_engine", {})
+        rows.append(
+            (
+                "idle attention: backend calls/s touching per-store queues",
+                f"**{e['idle_per_store_calls_per_s']:.0f}** (all calls: "
+                f"{e['idle_calls_per_s']:.1f}/s)",
+                "0",
+                yes(e["idle_per_store_calls_per_s"] == 0),
+            )
+        )
+        keys = doc["scenario"]["small_stores"] + 1
+        if eng.get("redis_commands_per_s") is not None:
+            per = eng["redis_per_store_commands_per_s"]
+            rows.append(
+                (
+                    f"idle attention, `INFO commandstats` / `MONITOR` over {eng['seconds']:.1f} s",
+                    f"{eng['redis_commands_per_s']:.1f} commands/s, of them {per:.1f}/s on "
+                    f"per-store keys = **{per / keys:.3f} per idle key per s**",
+                    "0 per idle key",
+                    yes(per == 0),
+                )
+            )
+        if eng.get("pg_statements_per_s") is not None:
+            per = eng["pg_per_store_statements_per_s"]
+            rows.append(
+                (
+                    f"idle attention, statements sent over {eng['seconds']:.1f} s",
+                    f"{eng['pg_statements_per_s']:.1f}/s, of them **{per:.1f}/s** naming a "
+                    "per-store queue",
+                    "0 per-store",
+                    yes(per == 0),
+                )
+            )
+    for k, what in (("c", "polling every store queue"), ("d", "a consumer per store queue")):
+        if k in by:
+            rows.append(
+                (
+                    f"idle {what}: calls/s touching per-store queues" + runs(k),
+                    f"{by[k]['idle_per_store_calls_per_s']:,.0f}",
+                    "thousands (c)" if k == "c" else "reported",
+                    yes(by[k]["idle_per_store_calls_per_s"] > 1000) if k == "c" else "",
+                )
+            )
+    if "tenants" in by:
+        x = by["tenants"]["extra"]
+        rows.append(
+            (
+                "tenant B (1 key) / tenant A (many keys), messages" + runs("tenants"),
+                f"{x['B']:,.0f} / {x['A']:,.0f} = **{x['B/A']:.2f}**",
+                "0.8-1.2",
+                yes(0.8 <= x["B/A"] <= 1.2),
+            )
+        )
+    if "rate" in by:
+        x = by["rate"]["extra"]
+        rows.append(
+            (
+                "rate=50 key, 8 workers: msgs/s beyond the burst" + runs("rate"),
+                f"**{x['per_s']:.1f}/s**, {x['takes_per_s']:.1f} takes/s, "
+                f"{x['calls_per_s']:.0f} backend calls/s",
+                "50 ± 5 %, no spinning",
+                yes(abs(x["per_s"] - 50) <= 2.5),
+            )
+        )
+    if "single" in by:
+        x = by["single"]["extra"]
+        r = x["attention"] / x["plain"]
+        rows.append(
+            (
+                "one backlogged key: attention / plain queue consumer" + runs("single"),
+                f"{x['attention']:,.0f} / {x['plain']:,.0f} msgs/s = **{r:.0%}**",
+                "≥ 80 %",
+                yes(r >= 0.8),
+            )
+        )
+    out = ["| figure | measured | target | holds |", "|---|---|---|---|"]
+    out += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in rows]
+    return "\n".join(out)
