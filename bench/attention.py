@@ -161,6 +161,7 @@ class Outcome:
     idle_engine: dict[str, float] = field(default_factory=dict)
     idle_methods: dict[str, float] = field(default_factory=dict)  # backend calls/s by name
     idle_sample: list[str] = field(default_factory=list)  # Redis: MONITOR lines when idle
+    small_slowest: list[list[float]] = field(default_factory=list)  # [sent at, wait] x 10
     notes: list[str] = field(default_factory=list)
     extra: dict[str, float] = field(default_factory=dict)
 
@@ -396,6 +397,13 @@ def _summarise(out: Outcome, rec: Recorder, sc: Scenario) -> None:
     if small:
         out.small_p50 = small[len(small) // 2]
         out.small_p99 = small[min(len(small) - 1, int(len(small) * 0.99))]
+        # the slowest small jobs: when they were sent (s after the start) and their wait,
+        # to tell a stall of the engine (a cluster in time) from queueing (spread out)
+        slow = sorted(
+            ((start - sent, sent - rec.t0) for start, store, sent in rec.started if store),
+            reverse=True,
+        )
+        out.small_slowest = [[round(t, 3), round(w, 4)] for w, t in slow[:10]]
     noisy = [start for start, store, _ in rec.started if store == 0]
     out.noisy_done = len(noisy)
     if noisy and len(noisy) == sc.noisy_jobs:
