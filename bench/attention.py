@@ -444,12 +444,12 @@ def _child(strategy: str, sc: Scenario, engine: Engine, out_path: str) -> int:
     return 0
 
 
-def _run_child(strategy: str, quick: bool, engine: Engine) -> dict[str, Any]:
+def _run_child(strategy: str, quick: bool, engine: Engine, scale_as: str) -> dict[str, Any]:
     """One run of ``strategy`` in a process of its own; its outcome."""
     root = Path(__file__).resolve().parents[1]
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         cmd = [sys.executable, "-m", "bench.attention", "--child", strategy, "--out", f.name]
-        cmd += engine.args() + (["--quick"] if quick else [])
+        cmd += engine.args() + ["--scale-as", scale_as] + (["--quick"] if quick else [])
         subprocess.run(
             cmd,
             check=True,
@@ -475,8 +475,10 @@ def _earlier(path: Path, sc: Scenario, redo: list[str]) -> dict[str, list[dict[s
     return {k: v for k, v in old["each_run"].items() if k not in redo}
 
 
-def results_path(backend: str, quick: bool) -> Path:
+def results_path(backend: str, quick: bool, scale_as: str | None = None) -> Path:
     name = "attention" if backend == "sqlite" else f"attention-strategies-{backend}"
+    if scale_as and scale_as != backend:
+        name = f"attention-strategies-{backend}-as-{scale_as}"
     return RESULTS / (f"{name}-quick.json" if quick else f"{name}.json")
 
 
@@ -498,6 +500,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "server); a schema per run is made and dropped",
     )
     parser.add_argument("--runs", type=int, default=1, help="runs per strategy (medians)")
+    parser.add_argument(
+        "--scale-as",
+        choices=ENGINES,
+        help="run the scenario as scaled for that engine (e.g. SQLite as a same-run "
+        "reference beside Redis: --scale-as redis)",
+    )
     parser.add_argument("--plot", action="store_true", help="only redraw the PNG from the JSON")
     parser.add_argument(
         "--markdown", action="store_true", help="only print the acceptance table from the JSON"
@@ -516,13 +524,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     more = ["--only", ",".join(under_contention)] + (["--quick"] if args.quick else [])
     if under_contention and not args.only and not args.plot and not args.child:
         return contention.main(more)
-    sc, scaled = scenario(args.backend, args.quick)
+    scale_as = args.scale_as or args.backend
+    sc, scaled = scenario(scale_as, args.quick)
     if args.child:
         engine = Engine(args.backend, args.url or "", args.private_server)
         return _child(args.child, sc, engine, args.out)
-    path = results_path(args.backend, args.quick)
+    path = results_path(args.backend, args.quick, scale_as)
     if args.plot:
-        print(plot(json.loads(path.read_text()), png_path(DOCS, args.backend)))
+        print(plot(json.loads(path.read_text()), png_path(DOCS, args.backend, scale_as)))
         return 0
     if args.markdown:
         print(markdown(json.loads(path.read_text())))
@@ -542,6 +551,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "backend": args.backend,
         "scenario": asdict(sc),
         "scaled": scaled,
+        "scaled_as": scale_as,
         "runs": args.runs,
         "started": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
@@ -553,7 +563,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     f"[bold]{strategy}[/bold]: {STRATEGIES[strategy]} on {args.backend} "
                     f"(run {n + 1} of {args.runs}) ..."
                 )
-                runs.setdefault(strategy, []).append(_run_child(strategy, args.quick, engine))
+                runs.setdefault(strategy, []).append(
+                    _run_child(strategy, args.quick, engine, scale_as)
+                )
                 engine.flush()
                 doc["each_run"] = {**kept, **runs}
                 doc["results"] = [merged(r) for r in doc["each_run"].values()]
@@ -567,7 +579,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path.write_text(json.dumps(doc, indent=2))
     console.print(f"results: {path}")
     if not args.quick and any(r["strategy"] in SCENARIO for r in doc["results"]):
-        console.print(f"plot: {plot(doc, png_path(DOCS, args.backend))}")
+        console.print(f"plot: {plot(doc, png_path(DOCS, args.backend, scale_as))}")
     if under_contention:
         return contention.main(more)
     return 0

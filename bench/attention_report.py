@@ -198,10 +198,11 @@ def table(doc: dict[str, Any]) -> Any:
     return t
 
 
-def png_path(docs: Path, backend: str) -> Path:
-    return docs / (
-        "bench-attention.png" if backend == "sqlite" else f"bench-attention-{backend}.png"
-    )
+def png_path(docs: Path, backend: str, scale_as: str | None = None) -> Path:
+    name = "bench-attention" if backend == "sqlite" else f"bench-attention-{backend}"
+    if scale_as and scale_as != backend:
+        name = f"bench-attention-{backend}-as-{scale_as}"
+    return docs / f"{name}.png"
 
 
 def plot(doc: dict[str, Any], out: Path) -> Path:
