@@ -145,6 +145,12 @@ def checks(by: dict[str, dict[str, Any]], keys: int) -> list[tuple[str, bool]]:
     return out
 
 
+def _in_order(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The scenario's strategies among ``results``, in the order a, b, c, d, e, e0, e4."""
+    rows = [r for r in results if r["strategy"] in SCENARIO]
+    return sorted(rows, key=lambda r: SCENARIO.index(r["strategy"]))
+
+
 def table(doc: dict[str, Any]) -> Any:
     """A rich table of the scenario's strategies (medians)."""
     from rich.table import Table
@@ -173,9 +179,7 @@ def table(doc: dict[str, Any]) -> Any:
     )
     for col in cols:
         t.add_column(col, justify="left" if col in ("strategy", "notes") else "right")
-    for r in doc["results"]:
-        if r["strategy"] not in SCENARIO:
-            continue
+    for r in _in_order(doc["results"]):
         eng = r.get("idle_engine") or {}
         t.add_row(
             f"{r['strategy']} {STRATEGIES[r['strategy']]}",
@@ -227,7 +231,7 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in doc["results"] if r["strategy"] in SCENARIO]
+    rows = _in_order(doc["results"])
     labels = [f"{r['strategy']}\n{STRATEGIES[r['strategy']]}" for r in rows]
     colors = ["#1f77b4" if r["strategy"].startswith("e") else "#9e9e9e" for r in rows]
     fig, axes = plt.subplots(1, 3, figsize=(17, 5.6))
