@@ -8,7 +8,10 @@ a process of its own, the workers in others; 4 workers (slots), 1 ms handlers.
            rest (work-conserving), and the tenant stats say A is at its cap.
   burst    a deep key keeps the workers busy; 500 small keys x 2 messages arrive at once:
            the small keys' wait (publish to handler start), with the burst published from
-           the workers' own process and from another process (SQLite's write lock).
+           the workers' own process and from another process (SQLite's write lock); and
+           the same messages from another process into one shared queue consumed by the
+           same Worker. Targets: cross-process p99 <= 3x in-process; shared queue >= 20x
+           the cross-process attention p99. ``--runs N`` repeats the three (medians).
   rate2    Plan(rate=20, burst=1), 2,000 messages, 2 worker processes x 2 slots: take
            attempts (attention_take calls) per handled message (target <= 1.5) and the
            rate reached (target 20/s within 5 %).
@@ -19,6 +22,7 @@ a process of its own, the workers in others; 4 workers (slots), 1 ms handlers.
     python -m bench.contention                        # every scenario (~8 min)
     python -m bench.contention --quick                # short runs (~2 min)
     python -m bench.contention --only shares,rate2
+    python -m bench.contention --only burst --runs 3       # the burst's medians of 3
     python -m bench.contention --fairq-src /tmp/old/src --label before   # another fairq
 
 Each scenario runs its processes on a fresh SQLite file. Results: a table, and
@@ -37,6 +41,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -48,12 +53,13 @@ from typing import Any
 
 import fairq
 
+from .contention_report import BURSTS, WORKERS, checks, plot
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PNG = ROOT / "docs" / "bench-attention-contention.png"
 SCENARIOS = ("shares", "capped", "burst", "rate2", "chaos")
 HANDLER = 0.001  # seconds every handler takes (an awaited sleep, like an API call)
-WORKERS = 4
 LOST = ("is lost while it runs", "were lost before the ack", "was lost before it was settled")
 
 
@@ -99,6 +105,10 @@ async def role_publish(url: str, spec: dict[str, Any]) -> None:
         if kind == "feed":  # a steady feed until SIGTERM
             await feed(broker, spec)
             return
+        if spec.get("queue"):  # the burst into one shared queue
+            await shared_burst(broker.queue(spec["queue"]), spec)
+            print("published", flush=True)
+            return
         a = broker.attention(spec["domain"])
         for key, tenant, plan, n in spec["keys"]:
             if tenant or plan:
@@ -121,6 +131,21 @@ async def burst(a: Any, small: int) -> None:
 
     for start in range(0, small, 50):
         await asyncio.gather(*(one(i) for i in range(start, min(small, start + 50))))
+
+
+async def shared_burst(q: fairq.Queue, spec: dict[str, Any]) -> None:
+    """The burst scenario's messages into one shared queue: the noisy backlog, then (after
+    ``after`` seconds) the small keys' sends, 50 at a time, as :func:`burst` publishes."""
+    for key, _, _, n in spec["keys"]:
+        for i in range(0, n, 1000):
+            await q.send_batch([fairq.Outgoing(body(key)) for _ in range(min(1000, n - i))])
+    await asyncio.sleep(spec["after"])
+
+    async def one() -> None:
+        await q.send_batch([fairq.Outgoing(body("small")) for _ in range(2)])
+
+    for start in range(0, spec["small"], 50):
+        await asyncio.gather(*(one() for _ in range(start, min(spec["small"], start + 50))))
 
 
 async def feed(broker: fairq.Broker, spec: dict[str, Any]) -> None:
@@ -290,34 +315,50 @@ async def shares(tmp: Path, quick: bool, capped: bool, charge: str = "time") -> 
     return result
 
 
-async def burst_wait(tmp: Path, quick: bool, cross: bool) -> dict[str, Any]:
+async def burst_wait(tmp: Path, quick: bool, cross: bool, shared: bool = False) -> dict[str, Any]:
+    """The burst: the small keys' waits with the publisher in the workers' process, in
+    another (``cross``), or (``shared``) the same messages from another process into one
+    shared queue that the same Worker consumes."""
     url = f"sqlite:///{tmp}/burst.db"
-    await declare(url, "burst", {"basic": fairq.Plan(1, 50, 20.0)})
+    if shared:
+        async with await fairq.connect(url) as broker:
+            await broker.declare_queue("burst", dead_letter=None)
+    else:
+        await declare(url, "burst", {"basic": fairq.Plan(1, 50, 20.0)})
     small = 200 if quick else 500
     out = tmp / "work.json"
-    spec = {"slots": WORKERS, "domain": "burst", "seconds": 600}
+    spec: dict[str, Any] = {"slots": WORKERS, "seconds": 600}
+    spec.update({"queue": "burst"} if shared else {"domain": "burst"})
     if not cross:
         spec.update(burst_here=True, after=3.0, small=small)
     worker = spawn("work", url, json.dumps(spec), str(out))
     wait_line(worker, "ready")
-    pub = {"kind": "burst" if cross else "backlog", "domain": "burst", "after": 2.0}
-    pub.update(keys=[["noisy", None, None, 50_000]], small=small)
+    pub: dict[str, Any] = {"kind": "burst" if cross else "backlog", "domain": "burst"}
+    pub.update(keys=[["noisy", None, None, 50_000]], small=small, after=2.0)
+    if shared:
+        pub["queue"] = "burst"
     publisher = spawn("publish", url, json.dumps(pub))
     wait_line(publisher, "published", timeout=300)
     publisher.wait()
     await asyncio.sleep(2.0 if cross else 3.0)
     async with await fairq.connect(url) as broker:  # until every small message started
-        a = broker.attention("burst")
-        for _ in range(600):
-            rows = [k for k in await a.key_stats(top=10_000) if k.key.startswith("small")]
-            if len(rows) == small and sum(k.backlog + k.in_flight for k in rows) == 0:
-                break
+        for _ in range(1200 if shared else 600):
+            if shared:  # the small messages are the queue's last: it is empty then
+                s = await broker.queue("burst").stats()
+                if s.visible + s.in_flight == 0:
+                    break
+            else:
+                keys = await broker.attention("burst").key_stats(top=10_000)
+                rows = [k for k in keys if k.key.startswith("small")]
+                if len(rows) == small and sum(k.backlog + k.in_flight for k in rows) == 0:
+                    break
             await asyncio.sleep(0.1)
     stop(worker)
     got = read(out)
     waits = sorted(t - sent for t, tag, sent in got["seen"] if tag == "small")
     return {
         "publisher": "another process" if cross else "the workers' process",
+        "consumer": "one shared queue" if shared else "attention",
         "small_messages": len(waits),
         "p50_s": waits[len(waits) // 2] if waits else None,
         "p99_s": waits[min(len(waits) - 1, int(len(waits) * 0.99))] if waits else None,
@@ -423,7 +464,41 @@ async def chaos(tmp: Path, quick: bool, queue: bool) -> dict[str, Any]:
     }
 
 
-async def run(names: Sequence[str], quick: bool) -> dict[str, Any]:
+async def bursts(tmp: Path, quick: bool, runs: int) -> dict[str, Any]:
+    """The three burst variants, ``runs`` rounds of each in turn; the medians of their
+    figures (and every run), and the ratios the issue asks for, per round and median."""
+    each: dict[str, list[dict[str, Any]]] = {k: [] for k in BURSTS}
+    for n in range(runs):
+        for name, (cross, shared) in BURSTS.items():
+            d = tmp / f"{name}-{n}"
+            d.mkdir()
+            each[name].append(await burst_wait(d, quick, cross, shared))
+            print(f"  {name} run {n + 1}: p99 {each[name][-1]['p99_s']:.3f} s", flush=True)
+    out: dict[str, Any] = {}
+    for name, rows in each.items():
+        out[name] = dict(rows[0])
+        for k in ("small_messages", "p50_s", "p99_s", "max_s"):
+            values = [r[k] for r in rows if r[k] is not None]
+            out[name][k] = statistics.median(values) if values else None
+        out[name]["runs"] = rows
+    cross = [r["p99_s"] for r in each["burst_cross_process"]]
+    inside = [r["p99_s"] for r in each["burst_in_process"]]
+    shared = [r["p99_s"] for r in each["burst_shared_queue"]]
+    out["burst_ratios"] = {
+        "runs": runs,
+        "cross_over_in_process_p99": _ratio(out, "burst_cross_process", "burst_in_process"),
+        "shared_over_cross_p99": _ratio(out, "burst_shared_queue", "burst_cross_process"),
+        "cross_over_in_process_each": [c / i for c, i in zip(cross, inside, strict=True)],
+        "shared_over_cross_each": [q / c for q, c in zip(shared, cross, strict=True)],
+    }
+    return out
+
+
+def _ratio(out: dict[str, Any], top: str, bottom: str) -> float:
+    return float(out[top]["p99_s"]) / max(1e-9, float(out[bottom]["p99_s"]))
+
+
+async def run(names: Sequence[str], quick: bool, runs: int = 1) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name in names:
         with tempfile.TemporaryDirectory() as d:
@@ -437,9 +512,7 @@ async def run(names: Sequence[str], quick: bool) -> dict[str, Any]:
             elif name == "capped":
                 out["capped"] = await shares(tmp, quick, capped=True)
             elif name == "burst":
-                out["burst_in_process"] = await burst_wait(tmp, quick, cross=False)
-                (tmp / "x").mkdir()
-                out["burst_cross_process"] = await burst_wait(tmp / "x", quick, cross=True)
+                out.update(await bursts(tmp, quick, runs))
             elif name == "rate2":
                 out["rate2"] = await rate2(tmp, quick)
             elif name == "chaos":
@@ -453,155 +526,12 @@ def _has_charge_modes() -> bool:
     return "charge" in inspect.signature(fairq.Broker.declare_attention).parameters
 
 
-# -- report --------------------------------------------------------------------------------
-def checks(r: dict[str, Any]) -> list[tuple[str, bool]]:
-    out = []
-    if "shares" in r:
-        x = r["shares"]
-        ratio = x.get("worker_B_per_A", x.get("handler_B_per_A", 0.0))
-        out.append(
-            (
-                f"shares: worker time B/A = {ratio:.2f} (target 0.8-1.25); messages B/A = "
-                f"{x['messages_B_per_A']:.2f}",
-                0.8 <= ratio <= 1.25,
-            )
-        )
-    if "shares_messages" in r:
-        x = r["shares_messages"]
-        out.append(
-            (
-                f"shares, charge='messages': messages B/A = {x['messages_B_per_A']:.2f} "
-                "(target 0.8-1.25)",
-                0.8 <= x["messages_B_per_A"] <= 1.25,
-            )
-        )
-    if "capped" in r:
-        x = r["capped"]
-        frac = x.get("A_at_cap_fraction")
-        out.append(
-            (
-                f"capped: A's share {x['share_A']:.2f} (one worker of 4: 0.25), B the rest; "
-                f"stats say A at cap in {0 if frac is None else frac:.0%} of samples",
-                abs(x["share_A"] - 0.25) <= 0.05 and (frac or 0) >= 0.9,
-            )
-        )
-    if "rate2" in r:
-        x = r["rate2"]
-        out.append(
-            (
-                f"rate=20, burst=1, 2 processes x 2: {x['takes_per_message']:.2f} take attempts "
-                f"per message (target <= 1.5), {x['rate']:.2f}/s (target 20 ± 5 %)",
-                x["takes_per_message"] <= 1.5 and abs(x["rate"] - 20) <= 1.0,
-            )
-        )
-    if "chaos_attention" in r and "chaos_queue" in r:
-        a, q = r["chaos_attention"], r["chaos_queue"]
-        ratio = a["redelivered_per_kill"] / max(1e-9, q["redelivered_per_kill"])
-        out.append(
-            (
-                f"chaos: {a['redelivered_per_kill']:.1f} delivered again per killed attention "
-                f"worker vs {q['redelivered_per_kill']:.1f} per killed queue consumer = "
-                f"{ratio:.2f}x (target <= 2); lease-lost warnings {a['lease_lost_warnings']} "
-                f"and {q['lease_lost_warnings']} (target 0)",
-                ratio <= 2 and a["lease_lost_warnings"] == 0 and q["lease_lost_warnings"] == 0,
-            )
-        )
-    if "burst_in_process" in r and "burst_cross_process" in r:
-        i, c = r["burst_in_process"], r["burst_cross_process"]
-        out.append(
-            (
-                f"burst: small keys' p99 wait {i['p99_s']:.3f} s with the publisher in the "
-                f"workers' process, {c['p99_s']:.3f} s from another process (reported)",
-                True,
-            )
-        )
-    return out
-
-
-def plot(doc: dict[str, Any], out: Path) -> Path:
-    """Panels: worker-time share of A and B (fan-out, capped), take attempts per message,
-    messages delivered again per kill; each run of the document (before / after) side by
-    side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    runs = sorted(doc["runs"], key=lambda r: not r["label"].startswith("before"))
-    fig, axes = plt.subplots(1, 4, figsize=(18, 4.8))
-    labels = [r["label"] for r in runs]
-    colors = ["#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c"][: len(runs)]
-
-    def bars(ax: Any, title: str, groups: list[str], values: list[list[float]], fmt: str) -> None:
-        width = 0.8 / max(1, len(runs))
-        for i, (label, vals) in enumerate(zip(labels, values, strict=True)):
-            xs = [g + (i - (len(runs) - 1) / 2) * width for g in range(len(groups))]
-            b = ax.bar(xs, vals, width, label=label, color=colors[i])
-            ax.bar_label(b, labels=[fmt.format(v) for v in vals], fontsize=7, padding=2)
-        ax.set_xticks(range(len(groups)), groups, fontsize=8)
-        ax.set_title(title, fontsize=10)
-
-    def share(r: dict[str, Any], key: str) -> list[float]:
-        x = r["results"].get(key)
-        if not x:
-            return [0.0, 0.0]
-        return [x["share_A"], 1 - x["share_A"]]
-
-    bars(
-        axes[0],
-        "fan-out plan: share of worker time",
-        ["A (1 deep key)", "B (2,000 keys)"],
-        [share(r, "shares") for r in runs],
-        "{:.2f}",
-    )
-    axes[0].axhline(0.5, color="#444", lw=0.8, ls="--")
-    bars(
-        axes[1],
-        "A capped at 1 slice: share of worker time",
-        ["A", "B"],
-        [share(r, "capped") for r in runs],
-        "{:.2f}",
-    )
-    axes[1].axhline(0.25, color="#444", lw=0.8, ls="--")
-    bars(
-        axes[2],
-        "rate=20, burst=1, 2 processes: take attempts per message",
-        ["attempts"],
-        [[r["results"].get("rate2", {}).get("takes_per_message", 0.0)] for r in runs],
-        "{:.2f}",
-    )
-    axes[2].axhline(1.5, color="#c00", lw=0.8, ls="--")
-
-    def again(r: dict[str, Any]) -> list[float]:
-        res = r["results"]
-        keys = ("chaos_attention", "chaos_queue")
-        return [res.get(k, {}).get("redelivered_per_kill", 0.0) for k in keys]
-
-    bars(
-        axes[3],
-        "kill -9: messages delivered again per kill",
-        ["attention", "queue consumer"],
-        [again(r) for r in runs],
-        "{:.1f}",
-    )
-    axes[0].legend(fontsize=8)
-    fig.suptitle(
-        "attention under contention (SQLite; publisher in its own process; "
-        f"{WORKERS} workers, 1 ms handlers)",
-        fontsize=10,
-    )
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.contention", description=__doc__)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--only", default=",".join(SCENARIOS))
     parser.add_argument("--label", default="this commit")
+    parser.add_argument("--runs", type=int, default=1, help="rounds of the burst (medians)")
     parser.add_argument("--fairq-src", help="run on the fairq in this src/ directory")
     parser.add_argument("--plot", action="store_true", help="only redraw the PNG")
     parser.add_argument("--role", help=argparse.SUPPRESS)
@@ -630,7 +560,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if n not in SCENARIOS:
             parser.error(f"unknown scenario {n!r}")
     started = time.time()
-    results = asyncio.run(run(names, args.quick))
+    results = asyncio.run(run(names, args.quick, args.runs))
     doc = json.loads(path.read_text()) if path.exists() else {"runs": []}
     runs = [r for r in doc["runs"] if r["label"] != args.label]
     entry = {
