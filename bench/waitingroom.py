@@ -20,9 +20,10 @@
 
     python -m bench.waitingroom                          # the full run (~10 min), SQLite
     python -m bench.waitingroom --quick                  # 100,000 fans, 10 s of admission
-    python -m bench.waitingroom --url redis://...        # another backend, when it lands
+    python -m bench.waitingroom --url redis://...        # another backend
 
-Results: a rich table and ``bench/results/waitingroom[-quick].json``.
+Results: a rich table and ``bench/results/waitingroom[-<engine>][-quick].json`` (no engine
+suffix for SQLite).
 """
 
 from __future__ import annotations
@@ -403,7 +404,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(sold_out_reach(url, out))
     console.print(report(out, console))
     RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"waitingroom{'-quick' if args.quick else ''}.json"
+    # one file per engine, so a run on Redis does not replace SQLite's figures
+    engine = "" if out.get("backend", "sqlite") == "sqlite" else f"-{out['backend']}"
+    path = RESULTS / f"waitingroom{engine}{'-quick' if args.quick else ''}.json"
     path.write_text(json.dumps(out, indent=2) + "\n")
     console.print(f"results: {path}")
     return 0
