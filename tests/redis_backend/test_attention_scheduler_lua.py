@@ -220,6 +220,10 @@ async def _history(
             keys[key] = tenant
             for a in domains:
                 await a.set_resource(key, tenant=tenant)
+        # Redis keeps the pending signals as a running count (no walk of every tenant's
+        # list): it must follow every signal written, moved, pulled forward and taken
+        pending = [(await a.stats()).signals_pending for a in domains]
+        assert pending[0] == pending[1], f"step {step} ({op}): pending signals {pending}"
     assert sum(t is not None for t in taken) > 40, "the history serves slices"
     for *pair, _ in open_slices:
         for a, s in zip(domains, pair, strict=True):
@@ -327,3 +331,70 @@ async def test_a_domain_of_the_layout_before_the_scheduler_goes_on(
         assert not [k async for k in client.scan_iter(match=base + "*")], "none left behind"
     finally:
         await b.close()
+
+
+async def test_pending_signals_follow_a_delayed_signal_pulled_forward(redis_url: str) -> None:
+    """A key whose only signal is delayed, then sent an immediate message: the delayed
+    signal is pulled forward (replaced by a ready one); Redis's running count of pending
+    signals must say what the memory backend counts at every step."""
+    clock = fairq.ManualClock()
+    brokers = [
+        await fairq.connect("memory://", clock=clock),
+        await fairq.connect(redis_url, clock=clock),
+    ]
+    try:
+        domains = [await b.declare_attention("pulled") for b in brokers]
+
+        async def pending() -> list[int]:
+            return [(await a.stats()).signals_pending for a in domains]
+
+        for a in domains:
+            await a.publish("k", b"later", delay=30.0)
+        assert await pending() == [1, 1]
+        for a in domains:
+            await a.publish("k", b"now")
+        assert await pending() == [1, 1]
+        got = [await a._take(0) for a in domains]
+        assert [s.key if s else None for s in got] == ["k", "k"]
+        assert await pending() == [0, 0]
+    finally:
+        for b in brokers:
+            await b.close()
+
+
+async def test_key_and_tenant_stats_read_the_backlog_in_chunks(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Key and tenant stats walk the keys with backlog a few per script (here 4): the
+    busiest keys and the tenants' rows come out as the memory backend's, which reads
+    everything at once; with a cap below the backlog, only a sample is read."""
+    from fairq.backends.redis.attention_stats import AttentionReads
+
+    monkeypatch.setattr(AttentionReads, "STATS_CHUNK", 4)
+    clock = fairq.ManualClock()
+    brokers = [
+        await fairq.connect("memory://", clock=clock),
+        await fairq.connect(redis_url, clock=clock),
+    ]
+    try:
+        domains = [await b.declare_attention("chunked") for b in brokers]
+        # 160 keys, 128 with backlog: more than a set Redis keeps as one listpack (which
+        # SSCAN returns whole, whatever COUNT says)
+        for i in range(160):
+            for a in domains:
+                await a.set_resource(f"k{i:03}", tenant=f"t{i % 3}")
+                if i % 5:
+                    await a.publish_batch(f"k{i:03}", [fairq.Outgoing(b"x")] * (i % 7 + 1))
+        for top in (5, 150):
+            rows = [await a.key_stats(top=top) for a in domains]
+            assert [(k.key, k.backlog) for k in rows[0]] == [(k.key, k.backlog) for k in rows[1]]
+        tenants = [await a.tenant_stats() for a in domains]
+        assert [(t.tenant, t.backlog, t.keys) for t in tenants[0]] == [
+            (t.tenant, t.backlog, t.keys) for t in tenants[1]
+        ]
+        monkeypatch.setattr(AttentionReads, "STATS_SCAN", 8)  # 2 chunks of 4 at most
+        sample = await domains[1].tenant_stats()
+        assert 0 < sum(t.keys for t in sample) < sum(t.keys for t in tenants[1])
+    finally:
+        for b in brokers:
+            await b.close()

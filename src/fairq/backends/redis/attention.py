@@ -468,10 +468,63 @@ class RedisAttention(AttentionReads):
         return self.sum_stats(domain, await self._each_shard("attention_stats", domain))
 
     async def attention_key_stats(self, domain: str, top: int) -> list[KeyStats]:
-        return self.top_keys(await self._each_shard("attention_key_stats", domain, str(top)), top)
+        _, sh = await self._domain(domain)
+        shards = [self._key_rows(domain, s, top) for s in range(len(sh.ids))]
+        return self.top_keys(list(await asyncio.gather(*shards)), top)
+
+    async def _key_rows(self, domain: str, shard: int, top: int) -> list[Any]:
+        """One shard's rows for the busiest keys: the keys with backlog a chunk per script
+        (at most ``STATS_SCAN`` of them: a bigger domain is ranked on that sample), then,
+        if fewer than ``top`` have backlog, keys without it by name."""
+        rows: dict[str, Any] = {}
+        cursor, read = "0", 0
+        while True:
+            cursor, chunk = await self._att(
+                "attention_key_stats",
+                domain,
+                shard,
+                str(top),
+                "scan",
+                cursor,
+                str(self.STATS_CHUNK),
+            )
+            cursor = _text(cursor)
+            for r in chunk:  # SSCAN may return a key twice
+                rows[_text(r[0])] = r
+            read += self.STATS_CHUNK
+            if cursor == "0" or read >= self.STATS_SCAN:
+                break
+        if len(rows) < top:
+            _, fill = await self._att(
+                "attention_key_stats", domain, shard, str(top), "fill", "0", "0"
+            )
+            for r in fill:
+                rows.setdefault(_text(r[0]), r)
+        return list(rows.values())
 
     async def attention_tenant_stats(self, domain: str, top: int) -> list[TenantStats]:
-        return self.top_tenants(await self._each_shard("attention_tenant_stats", domain), top)
+        _, sh = await self._domain(domain)
+        shards = [self._tenant_rows(domain, s) for s in range(len(sh.ids))]
+        return self.top_tenants(list(await asyncio.gather(*shards)), top)
+
+    async def _tenant_rows(self, domain: str, shard: int) -> list[Any]:
+        """One shard's usage of the last minute and its backlogged keys' rows, the keys a
+        chunk per script (at most ``STATS_SCAN``), each key once."""
+        used: list[Any] = []
+        keys: dict[str, Any] = {}
+        cursor, read = "0", 0
+        while True:
+            got_used, chunk, cursor = await self._att(
+                "attention_tenant_stats", domain, shard, cursor, str(self.STATS_CHUNK)
+            )
+            used.extend(got_used)
+            for r in chunk:
+                keys[_text(r[4])] = r[:4]
+            cursor = _text(cursor)
+            read += self.STATS_CHUNK
+            if cursor == "0" or read >= self.STATS_SCAN:
+                break
+        return [used, list(keys.values())]
 
     async def attention_reconcile(self, domain: str) -> int:
         _, sh = await self._domain(domain)

@@ -20,6 +20,10 @@ class AttentionReads(RedisRooms):
     """The sums over a domain's shards."""
 
     RECONCILE_CHUNK = 2000  # keys the reconciler visits per script call and set
+    # key and tenant stats read the keys with backlog a chunk per script call, and at most
+    # STATS_SCAN of them per shard: a dashboard refresh never walks a million keys
+    STATS_CHUNK = 1000
+    STATS_SCAN = 20_000
 
     def sum_stats(self, domain: str, replies: list[Any]) -> AttentionStats:
         raw: dict[str, float] = {}

@@ -6,7 +6,9 @@
 -- domain of one shard). A = F .. 'a:' .. id .. ':'. KEYS.md lists every key:
 --   F att          hash domain -> options JSON
 --   A n            counters, turn_counter, sigseq, clear_sum/clear_count, discarded:<state>,
---                  vclock (the virtual clock), estimate (what a slice here costs)
+--                  vclock (the virtual clock), estimate (what a slice here costs),
+--                  signals (pending signals, ready and delayed: kept as they come and go,
+--                  so a stats read is O(1) at any number of tenants)
 --   A k:<key>      hash: queue tenant plan state parked pending ready active tokens tokens_at
 --                  backlog_since processed
 --   A keys         zset (score 0) of every key, for listing
@@ -236,6 +238,7 @@ end
 local function signal(d, k, due)
   local seq = redis.call('HINCRBY', d.a .. 'n', 'sigseq', 1)
   k.pending = k.pending + 1
+  redis.call('HINCRBY', d.a .. 'n', 'signals', 1)
   if due <= NOW then
     push_ready(d, k, seq)
   else
@@ -268,6 +271,7 @@ local function pull_forward(d, k)
     redis.call('ZREM', kd, first[1])
     key_delayed_min(d, k.key)
     k.pending = k.pending - 1
+    redis.call('HINCRBY', d.a .. 'n', 'signals', -1)
     signal(d, k, NOW)
   end
 end
@@ -338,7 +342,8 @@ local function sweep_domain(d)
     local due = redis.call('ZRANGEBYSCORE', kd, '-inf', now)
     for _, seq in ipairs(due) do
       redis.call('ZREM', kd, seq)
-      if k then push_ready(d, k, tonumber(seq)) end
+      if k then push_ready(d, k, tonumber(seq))
+      else redis.call('HINCRBY', d.a .. 'n', 'signals', -1) end
     end
     key_delayed_min(d, key)
     if k then save_key(d, k) end
@@ -403,7 +408,7 @@ end
 -- arithmetic is on_take's), else nil
 local function served(d, tenant, m, new_vt, clock)
   local list = d.a .. 't:' .. tenant
-  redis.call('LPOP', list)
+  if redis.call('LPOP', list) then redis.call('HINCRBY', d.a .. 'n', 'signals', -1) end
   local turn = redis.call('HINCRBY', d.a .. 'n', 'turn_counter', 1)
   if clock ~= nil then
     d.vclock = clock
