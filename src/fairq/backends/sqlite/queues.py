@@ -34,7 +34,7 @@ from .messages import (
     current_leases,
     dead_letter_rows,
     delete,
-    deleted,
+    delete_leased,
     expire_old,
     insert,
     insert_one,
@@ -42,7 +42,6 @@ from .messages import (
     oldest_age,
     received,
     rows_by_id,
-    take_leases,
     unref_queue,
 )
 from .txn import Row, Txn, chunks, marks
@@ -181,10 +180,8 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
 
 def ack(t: Txn, name: str, receipts: list[str]) -> list[str]:
     q = t.queue(name)
-    rows, lost = take_leases(t, q, receipts)
-    if rows:
-        deleted(t, q, rows, leased=True)
-        t.add(q.id, "acked", len(rows))
+    n, lost = delete_leased(t, q, receipts)
+    t.add(q.id, "acked", n)
     return lost
 
 
