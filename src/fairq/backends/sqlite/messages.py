@@ -15,7 +15,7 @@ import orjson
 
 from ...errors import QueueFull
 from ...message import Received, format_id, id_time, parse_receipt
-from ...model.queues import QueueConfig
+from ...model.queues import Envelope, QueueConfig
 from ..rules import (
     CopyPlan,
     dead_letter_attributes,
@@ -121,6 +121,26 @@ def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
     t.stored(q.id, 1, mid)
     t.op_notify.add(q.name)
     return mid
+
+
+def insert_visible(t: Txn, q: QueueRow, envs: Sequence[Envelope]) -> range:
+    """Store messages that are visible now, of priority 0 and without a group, in ``q``
+    (not FIFO): a plain batch, one ``executemany`` binding the five columns each sets;
+    return their ids."""
+    ids = t.allocate(len(envs), stored=True)
+    now = t.now
+    qid = q.id
+    dumps = orjson.dumps
+    t.conn.executemany(
+        _INSERT_ONE,
+        [
+            (mid, qid, now, e.body, dumps(e.attributes) if e.attributes else None)
+            for mid, e in zip(ids, envs, strict=True)
+        ],
+    )
+    t.stored(qid, len(envs), ids[-1])
+    t.op_notify.add(q.name)
+    return ids
 
 
 def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], list[Row]]:
