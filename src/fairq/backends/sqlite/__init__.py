@@ -83,7 +83,8 @@ class SQLiteBackend(Backend):
         self._writer = Writer(path, sync.upper(), busy_timeout, clock, self.wakeups)
         self._call = self._writer.call
         self._pulse_version: int | None = None
-        self._watch: WalWatch | None = None
+        self._watch: WalWatch | None = None  # opened at the first wait, kept until close
+        self._watching = False  # the event loop reads the watch (someone waits)
         self._poke: Callable[[], None] | None = None
         self._rechecks = 0  # looks left after a WAL write that showed no new commit yet
         self._recheck: asyncio.TimerHandle | None = None
@@ -98,7 +99,7 @@ class SQLiteBackend(Backend):
 
     async def close(self) -> None:
         self.wakeups.close()
-        self.unwatch()
+        self._drop_watch()
         await self._writer.close()
 
     # -- queues ----------------------------------------------------------------------------
@@ -379,29 +380,47 @@ class SQLiteBackend(Backend):
             raise BackendError(f"sqlite: {exc}") from exc
 
     def watch(self, poke: Callable[[], None]) -> bool:
-        if self._watch is None:
+        watch = self._watch
+        if watch is None:
             if self._writer.conn is None:
                 return False
             watch = WalWatch.open(self.path)
             if watch is None:
                 return False
-            asyncio.get_running_loop().add_reader(watch.fd, self._on_wal_write)
             self._watch = watch
+        elif not self._watching and not watch.drain():
+            # what came while nobody read is stale (the pulse checks data_version anyway);
+            # a watch that is gone and cannot be placed again: poll instead
+            self._drop_watch()
+            return False
+        if not self._watching:
+            asyncio.get_running_loop().add_reader(watch.fd, self._on_wal_write)
+            self._watching = True
         self._poke = poke
         return True
 
     def watching(self) -> bool:
-        return self._watch is not None
+        return self._watching
 
     def unwatch(self) -> None:
-        watch, self._watch = self._watch, None
+        """Stop reading the watch until the next :meth:`watch`, but keep its descriptor:
+        closing an inotify descriptor waits for the kernel's RCU grace period (10-25 ms
+        measured here, the whole event loop blocked in ``close``), and a worker's pulse
+        stops and starts again every time its queue runs empty."""
         self._poke = None
         if self._recheck is not None:
             self._recheck.cancel()
             self._recheck = None
-        if watch is not None:
+        if self._watching and self._watch is not None:
+            self._watching = False
             with contextlib.suppress(RuntimeError):  # the loop may be closed already
-                asyncio.get_running_loop().remove_reader(watch.fd)
+                asyncio.get_running_loop().remove_reader(self._watch.fd)
+
+    def _drop_watch(self) -> None:
+        """Close the watch for good (the backend closes, or the WAL file cannot be watched)."""
+        self.unwatch()
+        watch, self._watch = self._watch, None
+        if watch is not None:
             watch.close()
 
     def _on_wal_write(self) -> None:
@@ -409,7 +428,7 @@ class SQLiteBackend(Backend):
         if watch is None:
             return
         if not watch.drain():
-            self.unwatch()  # the pulse notices (watching() is False) and polls again
+            self._drop_watch()  # the pulse notices (watching() is False) and polls again
             return
         self._rechecks = len(RECHECKS)
         if self._poke is not None:

@@ -15,7 +15,7 @@ import orjson
 
 from ...errors import QueueFull
 from ...message import Received, format_id, id_time, parse_receipt
-from ...model.queues import QueueConfig
+from ...model.queues import Envelope, QueueConfig
 from ..rules import (
     CopyPlan,
     dead_letter_attributes,
@@ -121,6 +121,26 @@ def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
     t.stored(q.id, 1, mid)
     t.op_notify.add(q.name)
     return mid
+
+
+def insert_visible(t: Txn, q: QueueRow, envs: Sequence[Envelope]) -> range:
+    """Store messages that are visible now, of priority 0 and without a group, in ``q``
+    (not FIFO): a plain batch, one ``executemany`` binding the five columns each sets;
+    return their ids."""
+    ids = t.allocate(len(envs), stored=True)
+    now = t.now
+    qid = q.id
+    dumps = orjson.dumps
+    t.conn.executemany(
+        _INSERT_ONE,
+        [
+            (mid, qid, now, e.body, dumps(e.attributes) if e.attributes else None)
+            for mid, e in zip(ids, envs, strict=True)
+        ],
+    )
+    t.stored(qid, len(envs), ids[-1])
+    t.op_notify.add(q.name)
+    return ids
 
 
 def rows_for(t: Txn, q: QueueRow, items: Sequence[Item]) -> tuple[list[int], list[Row]]:
@@ -239,9 +259,8 @@ def delete(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     deleted(t, q, rows)
 
 
-def deleted(t: Txn, q: QueueRow, rows: Sequence[Row], leased: bool = False) -> None:
-    """Messages of ``q`` were just deleted: keep counts, FIFO heads and shared bodies right.
-    ``leased``: every row was in flight (an ack)."""
+def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
+    """Messages of ``q`` were just deleted: keep counts, FIFO heads and shared bodies right."""
     if not rows:
         return
     t.deleted(max(r[ID] for r in rows))
@@ -249,20 +268,17 @@ def deleted(t: Txn, q: QueueRow, rows: Sequence[Row], leased: bool = False) -> N
     if refs:
         unref_bodies(t, Counter(refs))
     qid = q.id
-    if leased:
-        t.add(qid, "in_flight", -len(rows))
-    else:
-        visible = delayed = in_flight = 0
-        for r in rows:
-            if r[STATE] != WAITING:
-                visible -= 1
-            elif r[LEASE] is None:
-                delayed -= 1
-            else:
-                in_flight -= 1
-        t.add(qid, "visible", visible)
-        t.add(qid, "delayed", delayed)
-        t.add(qid, "in_flight", in_flight)
+    visible = delayed = in_flight = 0
+    for r in rows:
+        if r[STATE] != WAITING:
+            visible -= 1
+        elif r[LEASE] is None:
+            delayed -= 1
+        else:
+            in_flight -= 1
+    t.add(qid, "visible", visible)
+    t.add(qid, "delayed", delayed)
+    t.add(qid, "in_flight", in_flight)
     if q.config.fifo:
         for r in rows:
             if r[STATE] != BLOCKED and r[GRP] is not None:
@@ -396,31 +412,56 @@ def current_leases(
     return rows, lost
 
 
-def take_leases(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[list[Row], list[str]]:
-    """Delete the messages whose current lease is named by ``receipts`` (one ``DELETE ...
-    RETURNING`` per lease token, no read first); return their rows (without body and
-    attributes) and the receipts that named no current lease. The caller calls
-    :func:`deleted` with the rows."""
+def delete_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[str]]:
+    """Delete the messages of ``q`` whose current lease is named by ``receipts`` (one
+    ``DELETE ... RETURNING`` per lease token, no read first), keeping counts, FIFO heads and
+    shared bodies right; return how many were deleted and the receipts that named no
+    current lease (an ack)."""
     t.fold(q.id)  # the rows about to go are counted as sent first
-    parsed = [parse_receipt(r) for r in receipts]
-    by_lease: dict[int, list[int]] = {}
-    for mid, lease in parsed:
-        by_lease.setdefault(lease, []).append(mid)
+    # the receipts of one receive share their lease: parse each lease once
+    by_lease: dict[str, list[int]] = {}
+    try:
+        for receipt in receipts:
+            head, _, tail = receipt.partition(".")
+            ids = by_lease.get(tail)
+            if ids is None:
+                ids = by_lease[tail] = []
+            ids.append(int(head, 16))
+        leases = [(int(tail, 16), ids) for tail, ids in by_lease.items()]
+    except (AttributeError, TypeError, ValueError):
+        for receipt in receipts:
+            parse_receipt(receipt)  # raises InvalidMessage naming the malformed one
+        raise
     now = t.now
     qid = q.id
+    conn = t.conn
+    # (id, lease, body_ref, grp) of each deleted row
     rows: list[Row] = []
-    gone: set[tuple[int, int]] = set()
-    for lease, ids in by_lease.items():
+    for lease, ids in leases:
         for chunk in chunks(ids):
-            for row in t.conn.execute(
+            rows += conn.execute(
                 f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))}) AND lease = ? "
-                f"AND queue_id = ? AND avail_at > ? RETURNING {_LEASE_COLS}",
+                "AND queue_id = ? AND avail_at > ? RETURNING id, lease, body_ref, grp",
                 (*chunk, lease, qid, now),
-            ):
-                rows.append(row)
-                gone.add((row[ID], lease))
-    lost = [r for r, p in zip(receipts, parsed, strict=True) if p not in gone]
-    return rows, lost
+            ).fetchall()
+    if len(rows) == len(receipts):
+        lost: list[str] = []  # every receipt named a current lease (the common case)
+    else:
+        gone = {(r[0], r[1]) for r in rows}
+        lost = [r for r in receipts if parse_receipt(r) not in gone]
+    if not rows:
+        return 0, lost
+    t.deleted(max(r[0] for r in rows))
+    refs = [r[2] for r in rows if r[2] is not None]
+    if refs:
+        unref_bodies(t, Counter(refs))
+    t.add(qid, "in_flight", -len(rows))
+    if q.config.fifo:
+        for r in rows:
+            if r[3] is not None:  # a leased row heads its group (state 1, never blocked)
+                advance_group(t, q, r[3])
+    t.op_notify.add(q.name)
+    return len(rows), lost
 
 
 def received(r: Row, queue: str, receipt: str, attempt: int) -> Received:

@@ -34,15 +34,15 @@ from .messages import (
     current_leases,
     dead_letter_rows,
     delete,
-    deleted,
+    delete_leased,
     expire_old,
     insert,
     insert_one,
+    insert_visible,
     make_room,
     oldest_age,
     received,
     rows_by_id,
-    take_leases,
     unref_queue,
 )
 from .txn import Row, Txn, chunks, marks
@@ -90,10 +90,16 @@ def delete_queue(t: Txn, name: str) -> bool:
 def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
     q = t.queue(name)
     cfg = q.config
-    if len(envs) == 1 and cfg.max_length is None and not cfg.fifo:
-        env = envs[0]
-        if env.dedup_id is None and not env.delay and not env.priority:
-            return [format_id(insert_one(t, q, env.body, blob_of(env.attributes)))]
+    if cfg.max_length is None and not cfg.fifo:
+        if len(envs) == 1:
+            env = envs[0]
+            if env.dedup_id is None and not env.delay and not env.priority:
+                return [format_id(insert_one(t, q, env.body, blob_of(env.attributes)))]
+        elif all(
+            e.dedup_id is None and not e.delay and not e.priority and e.group is None for e in envs
+        ):
+            # the common batch: visible now, priority 0, nothing to deduplicate or order
+            return [f"{m:016x}" for m in insert_visible(t, q, envs)]
     now = t.now
     conn = t.conn
     check_priorities(name, envs, cfg.max_priority)
@@ -181,10 +187,8 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
 
 def ack(t: Txn, name: str, receipts: list[str]) -> list[str]:
     q = t.queue(name)
-    rows, lost = take_leases(t, q, receipts)
-    if rows:
-        deleted(t, q, rows, leased=True)
-        t.add(q.id, "acked", len(rows))
+    n, lost = delete_leased(t, q, receipts)
+    t.add(q.id, "acked", n)
     return lost
 
 

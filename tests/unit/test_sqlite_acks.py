@@ -1,0 +1,51 @@
+"""SQLite sends and acks in batches: a plain batch keeps order, attributes and counts; one
+``ack_batch`` of receipts from several receives (several lease tokens), with a receipt
+repeated and one whose lease is gone, deletes each leased message once, counts it once,
+and reports only the stale receipt as lost."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import fairq
+
+
+async def test_ack_batch_across_leases_with_a_repeat_and_a_stale_receipt(tmp_path: Path) -> None:
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'acks.db'}") as broker:
+        q = await broker.declare_queue("work")
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(5)])
+        first = await q.receive(max_messages=2, visibility_timeout=0.05)
+        second = await q.receive(max_messages=3)
+        stale = first[0]
+        assert len(second) == 3
+        redelivered = None
+        while redelivered is None:  # first's leases run out; one comes back under a new lease
+            for m in await q.receive(max_messages=1, wait=1):
+                redelivered = m
+        receipts = [m.receipt for m in second] + [second[0].receipt, redelivered.receipt]
+        receipts.append(stale.receipt if redelivered.id == stale.id else first[1].receipt)
+        with pytest.raises(fairq.LeaseLost) as lost:
+            await q.ack_batch(receipts)
+        assert lost.value.lost == [receipts[-1]]
+        stats = await q.stats()
+        assert stats.acked == 4
+        assert stats.in_flight == 0
+        assert stats.visible + stats.in_flight + stats.delayed == 1
+        assert stats.sent == 5
+
+
+async def test_a_plain_batch_keeps_order_attributes_and_counts(tmp_path: Path) -> None:
+    # a batch visible now without priority, group or dedup id takes the one-executemany path
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'batch.db'}") as broker:
+        q = await broker.declare_queue("work")
+        ids = await q.send_batch(
+            [fairq.Outgoing(b"a"), fairq.Outgoing({"n": 1}, attributes={"k": "v"})]
+        )
+        assert len(ids) == 2 and ids == sorted(ids) and len(set(ids)) == 2
+        a, b = await q.receive(max_messages=2)
+        assert (a.id, a.body, a.attributes) == (ids[0], b"a", {})
+        assert (b.id, b.body, b.attributes["k"]) == (ids[1], b'{"n":1}', "v")
+        stats = await q.stats()
+        assert (stats.sent, stats.in_flight, stats.visible) == (2, 2, 0)
