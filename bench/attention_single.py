@@ -6,6 +6,7 @@ engine the bench runs on."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -101,9 +102,16 @@ async def tenant_shares(
         stop = started_worker(worker)
         await asyncio.sleep(seconds)  # both stay backlogged throughout
         await stop()
+        busy: dict[str, float] = {}
+        with contextlib.suppress(fairq.Unsupported):  # the domain's own worker-time count
+            busy = {t.tenant: t.busy for t in await a.tenant_stats()}
         await broker.close()
     assert counts["B"] < sc.tenant_b_jobs and counts["A"] < a_keys * 200, "a tenant ran out"
-    return {"A": counts["A"], "B": counts["B"], "B/A": counts["B"] / max(1, counts["A"])}
+    out = {"A": counts["A"], "B": counts["B"], "B/A": counts["B"] / max(1, counts["A"])}
+    if busy.get("A"):  # worker time (what the scheduler shares) beside messages
+        out["busy A"], out["busy B"] = busy["A"], busy.get("B", 0.0)
+        out["busy B/A"] = busy.get("B", 0.0) / busy["A"]
+    return out
 
 
 async def rate_limited(
