@@ -406,10 +406,16 @@ def markdown(doc: dict[str, Any]) -> str:
             )
     if "tenants" in by:
         x = by["tenants"]["extra"]
+        busy = (
+            f" (worker time, the domain's tenant stats: {x['busy B']:.1f} / {x['busy A']:.1f} s "
+            f"= {x['busy B/A']:.2f})"
+            if x.get("busy B/A") is not None
+            else ""
+        )
         rows.append(
             (
                 "tenant B (1 key) / tenant A (many keys), messages" + runs("tenants"),
-                f"{x['B']:,.0f} / {x['A']:,.0f}; ratio **{x['B/A']:.2f}**",
+                f"{x['B']:,.0f} / {x['A']:,.0f}; ratio **{x['B/A']:.2f}**{busy}",
                 "0.8-1.2",
                 yes(0.8 <= x["B/A"] <= 1.2),
             )
