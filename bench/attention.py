@@ -15,9 +15,12 @@ Reported per strategy: p50/p99 wait (send to handler start) of the small stores'
 noisy store's completion time, Jain's fairness index over the stores with backlog in each
 1-second window (median while the noisy store is backlogged), backend calls per second
 once every queue is idle (and how many of them touch per-store queues), and peak RSS.
-Each strategy runs in its own process on a fresh SQLite file.
+Each strategy runs in its own process on a fresh SQLite file, or a fresh namespace of
+``--backend`` redis, postgres or amqp (RabbitMQ, its store a private redis-server): see
+bench/engines.py; where an engine is slower the scenario is scaled down (SCALED).
 
     python -m bench.attention                 # full scenario (several minutes)
+    python -m bench.attention --backend amqp --only a,e,e0 --runs 3
     python -m bench.attention --quick         # 1,000 stores, 10,000 noisy jobs, 5 s
     python -m bench.attention --only e,a      # some strategies
     fairq bench attention --quick
@@ -89,8 +92,12 @@ class Scenario:
     # the one thing an idle attention worker does besides waiting, runs once in it
     idle_probe_attention: float = 30.5
     seed: int = 7
+    # the noisy dump published before the workers start (RabbitMQ: see SCALED), not while
+    # they run: "store 0 dumps N jobs at t=0" where the dump is slower than its drain
+    noisy_first: bool = False
     single_jobs: int = 20_000  # "single": the one key's backlog
     tenant_keys: int = 1_000  # "tenants": tenant A's keys
+    tenant_b_jobs: int = 60_000  # "tenants": tenant B's one key's backlog
     tenant_seconds: float = 10.0
     rate_seconds: float = 20.0  # "rate": how long the rate=50 key runs
 
@@ -129,6 +136,21 @@ SCALED: dict[str, dict[str, Any]] = {
         "limit": 200.0,
         "tenant_keys": 200,  # publishing 200,000 messages over 1,000 keys takes minutes
     },
+    # RabbitMQ (its store Redis) serves slices at about Redis's rate here, so Redis's scale;
+    # but a confirmed publish from the bench's process (~1,450 msgs/s) is no faster than a
+    # plain worker in the same process drains 1 ms jobs (~1,450-1,700/s): a dump published
+    # while the workers run never queues up in a shared queue (quick run: a/e0 1.2x), so it
+    # is published before they start, and tenants' backlogs (260,000 confirmed publishes,
+    # 3 minutes a run) are cut to what the 10 s window cannot finish
+    "amqp": {
+        "noisy_jobs": 10_000,
+        "small_stores": 400,
+        "window": 40.0,
+        "limit": 200.0,
+        "noisy_first": True,
+        "tenant_keys": 200,
+        "tenant_b_jobs": 10_000,
+    },
 }
 
 
@@ -139,8 +161,12 @@ def scenario(backend: str, quick: bool) -> tuple[Scenario, str]:
     if not changes:
         return base, ""
     sc = replace(base, **changes)
-    said = ", ".join(f"{k} {getattr(base, k):,} -> {v:,}" for k, v in changes.items())
+    said = ", ".join(f"{k} {_num(getattr(base, k))} -> {_num(v)}" for k, v in changes.items())
     return sc, f"scaled down on {backend}: {said}"
+
+
+def _num(v: Any) -> str:
+    return str(v) if isinstance(v, bool) else f"{v:,}"
 
 
 @dataclass
@@ -182,14 +208,18 @@ def _body(store: int) -> bytes:
     return f"{store}|{time.time():.6f}".encode()
 
 
-async def _produce(
-    sc: Scenario, send: Callable[[int, list[bytes]], Awaitable[None]], noisy: bool
-) -> None:
-    """Store 0's dump at t=0, then the small stores' jobs at their random times."""
+Send = Callable[[int, list[bytes]], Awaitable[None]]
+
+
+async def _dump(sc: Scenario, send: Send) -> None:
+    """Store 0's dump, in batches of 1,000."""
+    for i in range(0, sc.noisy_jobs, 1000):
+        await send(0, [_body(0) for _ in range(min(1000, sc.noisy_jobs - i))])
+
+
+async def _trickle(sc: Scenario, send: Send) -> None:
+    """The small stores' jobs at their random times over the window."""
     rng = random.Random(sc.seed)
-    if noisy:
-        for i in range(0, sc.noisy_jobs, 1000):
-            await send(0, [_body(0) for _ in range(min(1000, sc.noisy_jobs - i))])
     stores = rng.sample(range(1, sc.stores), sc.small_stores)
     plan = sorted((rng.uniform(0, sc.window), s) for s in stores for _ in range(sc.jobs_per_small))
     t0 = time.monotonic()
@@ -212,7 +242,6 @@ async def _run_worker_strategy(
     """a, b: a fairq Worker over one or ten queues."""
     worker = fairq.Worker(broker, concurrency=sc.workers, handle_signals=False, poll_wait=1.0)
     for name in names:
-        await broker.declare_queue(name, dead_letter=None)
 
         @worker.queue(name, concurrency=sc.workers)
         async def handle(msg: fairq.Received) -> None:
@@ -235,7 +264,6 @@ async def _polling(
     broker: fairq.Broker, sc: Scenario, rec: Recorder
 ) -> Callable[[], Awaitable[None]]:
     """c: workers take store queues in turn and drain up to 50 messages from each."""
-    await _declare_store_queues(broker, sc)
     stop = asyncio.Event()
     turn = iter(range(10**12))
 
@@ -246,6 +274,10 @@ async def _polling(
             while handled < 50:
                 msgs = await q.receive(max_messages=10)
                 if not msgs:
+                    # SQLite answers an empty receive without yielding to the event loop
+                    # (measured: 8 such pollers left a 10 ms ticker 1 tick in 2 s), which
+                    # starved the producer and the run's own time limit: c never ended
+                    await asyncio.sleep(0)
                     break
                 for m in msgs:
                     await _job(rec, m, sc)
@@ -265,7 +297,6 @@ async def _per_store_consumers(
     broker: fairq.Broker, sc: Scenario, rec: Recorder
 ) -> Callable[[], Awaitable[None]]:
     """d: one long-polling consumer per store queue; 8 of them may handle at a time."""
-    await _declare_store_queues(broker, sc)
     slots = asyncio.Semaphore(sc.workers)
     stop = asyncio.Event()
 
@@ -293,12 +324,6 @@ async def _attention(
     broker: fairq.Broker, sc: Scenario, rec: Recorder
 ) -> Callable[[], Awaitable[None]]:
     """e: attention queues."""
-    await broker.declare_attention(
-        "market",
-        plans={"basic": fairq.Plan(1, 50, 20.0), "wide": fairq.Plan(4, 50, 20.0)},
-        work_queue="store-{key}",
-        queue_options={"dead_letter": None},
-    )
     worker = fairq.Worker(broker, concurrency=sc.workers, handle_signals=False, poll_wait=1.0)
 
     @worker.attention("market")
@@ -306,6 +331,48 @@ async def _attention(
         await _job(rec, msg, sc)
 
     return _started(worker)
+
+
+async def _declared(strategy: str, broker: fairq.Broker, sc: Scenario) -> Send:
+    """Declare what ``strategy`` sends to (queues, the attention domain); how a store's
+    jobs are sent there."""
+    if strategy == "a":
+        jobs = await broker.declare_queue("jobs", dead_letter=None)
+
+        async def send(store: int, bodies: list[bytes]) -> None:
+            await jobs.send_batch([fairq.Outgoing(b) for b in bodies])
+
+        return send
+    if strategy == "b":
+        for g in range(10):
+            await broker.declare_queue(f"group-{g}", dead_letter=None)
+
+        async def send_grouped(store: int, bodies: list[bytes]) -> None:
+            await broker.queue(f"group-{store % 10}").send_batch(
+                [fairq.Outgoing(b) for b in bodies]
+            )
+
+        return send_grouped
+    if strategy in ("c", "d"):
+        await _declare_store_queues(broker, sc)
+
+        async def send_store(store: int, bodies: list[bytes]) -> None:
+            await broker.queue(f"store-{store}").send_batch([fairq.Outgoing(b) for b in bodies])
+
+        return send_store
+    market = await broker.declare_attention(
+        "market",
+        plans={"basic": fairq.Plan(1, 50, 20.0), "wide": fairq.Plan(4, 50, 20.0)},
+        work_queue="store-{key}",
+        queue_options={"dead_letter": None},
+    )
+    if strategy == "e4":
+        await market.set_resource("0", plan="wide")
+
+    async def publish(store: int, bodies: list[bytes]) -> None:
+        await market.publish_batch(str(store), [fairq.Outgoing(b) for b in bodies])
+
+    return publish
 
 
 async def run_one(strategy: str, sc: Scenario, engine: Engine) -> Outcome:
@@ -324,51 +391,36 @@ async def run_one(strategy: str, sc: Scenario, engine: Engine) -> Outcome:
     async with fresh(engine, strategy) as url:
         broker = await fairq.connect(url)
         rec = Recorder()
-        if strategy == "a":
-            stop = await _run_worker_strategy(broker, sc, rec, {}, ["jobs"])
-
-            async def send(store: int, bodies: list[bytes]) -> None:
-                await broker.queue("jobs").send_batch([fairq.Outgoing(b) for b in bodies])
-
-        elif strategy == "b":
-            stop = await _run_worker_strategy(
-                broker, sc, rec, {}, [f"group-{g}" for g in range(10)]
-            )
-
-            async def send(store: int, bodies: list[bytes]) -> None:
-                await broker.queue(f"group-{store % 10}").send_batch(
-                    [fairq.Outgoing(b) for b in bodies]
-                )
-
+        send = await _declared(strategy, broker, sc)
+        if noisy and sc.noisy_first:  # the dump is in the queues when the workers start
+            await _dump(sc, send)
+        if strategy in ("a", "b"):
+            names = ["jobs"] if strategy == "a" else [f"group-{g}" for g in range(10)]
+            stop = await _run_worker_strategy(broker, sc, rec, {}, names)
         elif strategy in ("c", "d"):
             stop = await (_polling if strategy == "c" else _per_store_consumers)(broker, sc, rec)
-
-            async def send(store: int, bodies: list[bytes]) -> None:
-                await broker.queue(f"store-{store}").send_batch([fairq.Outgoing(b) for b in bodies])
-
         else:
             stop = await _attention(broker, sc, rec)
-            market = broker.attention("market")
-            if strategy == "e4":
-                await market.set_resource("0", plan="wide")
-
-            async def send(store: int, bodies: list[bytes]) -> None:
-                await market.publish_batch(str(store), [fairq.Outgoing(b) for b in bodies])
-
         rec.t0 = time.time()
         started = time.monotonic()
-        await _produce(sc, send, noisy)
+        cpu0 = _cpu()
+        if noisy and not sc.noisy_first:
+            await _dump(sc, send)
+        await _trickle(sc, send)
         total = sc.small_stores * sc.jobs_per_small + (sc.noisy_jobs if noisy else 0)
         while len(rec.started) < total and time.monotonic() - started < sc.limit:  # noqa: ASYNC110
             await asyncio.sleep(0.2)
         out.wall = time.monotonic() - started
+        # the worker process's CPU while the jobs ran: near 1 s per s, the process (one
+        # event loop: workers, producer and their round trips) is what the jobs wait for
+        out.extra["cpu_per_wall"] = (_cpu() - cpu0) / out.wall
         if len(rec.started) < total:
             out.notes.append(
                 f"stopped after {sc.limit:.0f} s with {len(rec.started)} of {total} jobs"
             )
         await asyncio.sleep(1.0)  # let the last acks land
         counting = Counting(broker.backend)
-        probe = IdleProbe(engine)
+        probe = IdleProbe(engine, url)
         await probe.start()
         idle = sc.idle_probe_attention if strategy.startswith("e") else sc.idle_probe
         await asyncio.sleep(idle)  # every queue is empty now (or the run gave up)
@@ -388,6 +440,11 @@ async def run_one(strategy: str, sc: Scenario, engine: Engine) -> Outcome:
     out.peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     _summarise(out, rec, sc)
     return out
+
+
+def _cpu() -> float:
+    use = resource.getrusage(resource.RUSAGE_SELF)
+    return use.ru_utime + use.ru_stime
 
 
 def _summarise(out: Outcome, rec: Recorder, sc: Scenario) -> None:
@@ -497,7 +554,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--url",
         help="redis: a server to use instead of a private one (keys under the bench's "
         "prefixes are deleted, nothing flushed); postgres: the database (default the local "
-        "server); a schema per run is made and dropped",
+        "server); a schema per run is made and dropped; amqp: the broker, without a vhost "
+        "(default amqp://guest:guest@127.0.0.1:5672); a vhost per run is made and deleted, "
+        "the store a private redis-server",
     )
     parser.add_argument("--runs", type=int, default=1, help="runs per strategy (medians)")
     parser.add_argument(
@@ -513,6 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--private-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--store", help=argparse.SUPPRESS)  # amqp: the store's Redis
     args = parser.parse_args(argv)
     from . import contention
 
@@ -527,7 +587,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     scale_as = args.scale_as or args.backend
     sc, scaled = scenario(scale_as, args.quick)
     if args.child:
-        engine = Engine(args.backend, args.url or "", args.private_server)
+        engine = Engine(args.backend, args.url or "", args.private_server, args.store or "")
         return _child(args.child, sc, engine, args.out)
     path = results_path(args.backend, args.quick, scale_as)
     if args.plot:

@@ -20,7 +20,12 @@ STRATEGIES = {
     "rate": "a key with rate=50 under 8 workers",
 }
 SCENARIO = ("a", "b", "c", "d", "e", "e0", "e4")
-ENGINE_NAMES = {"sqlite": "SQLite", "redis": "Redis", "postgres": "PostgreSQL"}
+ENGINE_NAMES = {
+    "sqlite": "SQLite",
+    "redis": "Redis",
+    "postgres": "PostgreSQL",
+    "amqp": "RabbitMQ (store: Redis)",
+}
 
 
 def _median(values: list[Any]) -> Any:
@@ -205,15 +210,16 @@ def table(doc: dict[str, Any]) -> Any:
 _ENGINE_SEEN = {
     "redis": "Redis commands/s naming a per-store key (MONITOR)",
     "postgres": "statements/s naming a per-store queue",
+    "amqp": "AMQP methods + RabbitMQ queue ops + store commands/s on per-store queues",
 }
 
 
 def _engine_per_store(r: dict[str, Any]) -> float | None:
+    """What the engine saw touching per-store queues while idle (RabbitMQ: its per-store
+    queues' operations, the AMQP methods naming one and the store's commands, summed)."""
     eng = r.get("idle_engine") or {}
-    for k in ("redis_per_store_commands_per_s", "pg_per_store_statements_per_s"):
-        if eng.get(k) is not None:
-            return float(eng[k])
-    return None
+    seen = [float(v) for k, v in eng.items() if "per_store" in k and v is not None]
+    return sum(seen) if seen else None
 
 
 def png_path(docs: Path, backend: str, scale_as: str | None = None) -> Path:
@@ -341,11 +347,36 @@ def markdown(doc: dict[str, Any]) -> str:
             )
         )
         keys = doc["scenario"]["small_stores"] + 1
-        if eng.get("redis_commands_per_s") is not None:
-            per = eng["redis_per_store_commands_per_s"]
+        if eng.get("amqp_methods_per_s") is not None:
+            per = eng["amqp_per_store_methods_per_s"]
             rows.append(
                 (
-                    f"idle attention, `INFO commandstats` / `MONITOR` over {eng['seconds']:.1f} s",
+                    f"idle attention, AMQP methods sent over {eng['seconds']:.1f} s "
+                    "(aiormq's channel methods)",
+                    f"{eng['amqp_methods_per_s']:.1f}/s, of them **{per:.1f}/s** naming a "
+                    "per-store queue",
+                    "0 per-store",
+                    yes(per == 0),
+                )
+            )
+            per = eng["rabbitmq_per_store_ops_per_s"]
+            rows.append(
+                (
+                    "idle attention, RabbitMQ's counters (management API, vhost): "
+                    "`basic.get`s, publishes, per-store queues' gets + deliveries + publishes",
+                    f"{eng['rabbitmq_gets_per_s']:.1f}/s, {eng['rabbitmq_publishes_per_s']:.1f}/s, "
+                    f"**{per:.1f}/s**",
+                    "0 per-store",
+                    yes(per == 0),
+                )
+            )
+        if eng.get("redis_commands_per_s") is not None:
+            per = eng["redis_per_store_commands_per_s"]
+            whose = "the store's Redis, " if doc.get("backend") == "amqp" else ""
+            rows.append(
+                (
+                    f"idle attention, {whose}`INFO commandstats` / `MONITOR` over "
+                    f"{eng['seconds']:.1f} s",
                     f"{eng['redis_commands_per_s']:.1f} commands/s, of them {per:.1f}/s on "
                     f"per-store keys = **{per / keys:.3f} per idle key per s**",
                     "0 per idle key",
@@ -375,10 +406,16 @@ def markdown(doc: dict[str, Any]) -> str:
             )
     if "tenants" in by:
         x = by["tenants"]["extra"]
+        busy = (
+            f" (worker time, the domain's tenant stats: {x['busy B']:.1f} / {x['busy A']:.1f} s "
+            f"= {x['busy B/A']:.2f})"
+            if x.get("busy B/A") is not None
+            else ""
+        )
         rows.append(
             (
                 "tenant B (1 key) / tenant A (many keys), messages" + runs("tenants"),
-                f"{x['B']:,.0f} / {x['A']:,.0f}; ratio **{x['B/A']:.2f}**",
+                f"{x['B']:,.0f} / {x['A']:,.0f}; ratio **{x['B/A']:.2f}**{busy}",
                 "0.8-1.2",
                 yes(0.8 <= x["B/A"] <= 1.2),
             )
