@@ -154,6 +154,43 @@ async def test_the_lua_rules_compute_what_the_python_ones_do(client: Any, seed: 
         assert [int(float(x)) for x in lua[8:]] == [int(x) for x in want[8:]], case
 
 
+_PERMIT = """
+local out = {}
+local i = 4
+while ARGV[i] do
+  local plan = {rate = tonumber(ARGV[i + 1]), bucket = tonumber(ARGV[i + 2]),
+    max_messages = tonumber(ARGV[i + 3])}
+  out[#out + 1] = fmt(next_permit(tonumber(ARGV[i]), plan))
+  i = i + 4
+end
+return out
+"""
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_the_lua_next_permit_is_the_python_one(client: Any, seed: int) -> None:
+    """When a rate-limited key is signalled again, for the same bucket, to the bit."""
+    rng = random.Random(seed)
+    now = rng.uniform(1.6e9, 1.9e9)
+    cases = []
+    for _ in range(400):
+        plan = Plan(
+            1,
+            rng.choice([1, 2, 3, 10, 100, rng.randint(1, 1000)]),
+            20.0,
+            rate=rng.choice([0.5, 20.0, 50.0, rng.uniform(0.01, 1e4)]),
+            burst=rng.choice([1.0, 2.5, 10.0, rng.uniform(1.0, 1e3)]),
+        )
+        tokens = rng.choice([0.0, rng.uniform(0.0, plan.bucket)])
+        cases.append((tokens, plan))
+    args = ["t-x:", repr(now), "0"]
+    for tokens, plan in cases:
+        args += [repr(tokens), repr(plan.rate), repr(plan.bucket), str(plan.max_messages)]
+    got = await client.eval(_lib_source() + _PERMIT, 1, "t-x:{x}:due", *args)
+    want = [policy.next_permit(tokens, now, plan) for tokens, plan in cases]
+    assert [float(x) for x in got] == want
+
+
 # -- the scheduler as a whole: the memory backend (the Python reference) vs Redis ----------
 _PLANS = {
     "basic": Plan(1, 4, 60.0),
