@@ -28,16 +28,11 @@ from ..attention_policy import (
     KeyView,
     check_change,
     estimate,
-    next_estimate,
     next_permit,
-    on_end,
     on_signal,
-    on_slice_end,
     on_take,
     refill,
     resignal_allowed,
-    slice_cost,
-    usage_bucket,
 )
 from . import queues
 from .attention_rows import (
@@ -64,65 +59,30 @@ _MAX_SIGNALS_PER_TAKE = 256
 
 async def begin(t: Txn, name: str) -> Domain:
     """The domain's row, locked, and swept (``att_begin``): delayed signals that came due
-    join their tenant, expired slices free their token."""
+    join their tenant, expired slices free their token (``att_end_slice``, without their
+    charge: a dead worker's slice keeps its estimate)."""
     await t.cur.execute(f"SELECT * FROM {t.s}.att_begin(%s, %s, %s)", (name, t.now, t.flush))
     row = await t.cur.fetchone()
     if row is None:
         raise AttentionNotFound(name)
     d = Domain(row[0], name, AttentionConfig.from_dict(row[1]))
     for token in row[2]:
-        await end_slice(t, d, token, 0, None, expired=True)
+        await t.cur.execute(
+            f"SELECT woke, dues FROM {t.s}.att_end_slice(%s, %s, 0, NULL, %s, true)",
+            (d.id, token, t.now),
+        )
+        ended = await t.cur.fetchone()
+        assert ended is not None
+        _ended(t, d.name, ended[0], ended[1])
     return d
 
 
-async def end_slice(
-    t: Txn, d: Domain, token: str, processed: int, retry_at: float | None, expired: bool = False
-) -> bool:
-    """End the slice of ``token``: charge its tenant, free its token, re-signal its key as
-    rule 3 (f) says. False if there is no such slice (it expired and was ended)."""
-    await t.cur.execute(
-        f"SELECT s.key, s.tenant, s.charged, s.taken_at, x.estimate, d.estimate "
-        f"FROM {t.s}.att_slices s JOIN {t.s}.att_domains d ON d.id = s.domain_id "
-        f"LEFT JOIN {t.s}.att_tenants x ON x.domain_id = s.domain_id AND x.tenant = s.tenant "
-        "WHERE s.token = %s",
-        (token,),
-    )
-    row = await t.cur.fetchone()
-    await count(t, d, "processed", processed)
-    if row is None:
-        return False
-    key, tenant, charged, taken_at, tenant_estimate, domain_estimate = row
-    k = await load_key(t, d, key)  # the key's lock first, as a publish takes it
-    await t.cur.execute(f"DELETE FROM {t.s}.att_slices WHERE token = %s", (token,))
-    if k is None or t.cur.rowcount == 0:
-        return k is not None
-    plan = plan_of(d, k)
-    if tenant is not None and taken_at is not None and not expired:
-        # a dead worker's slice (expired) keeps its estimate: its real cost is unknown
-        held = t.now - taken_at
-        cost = slice_cost(d.config.charge, held, processed)
-        await t.cur.execute(
-            f"SELECT {t.s}.att_charge(%s, %s, %s, %s, %s, %s, %s, %s)",
-            (
-                d.id,
-                tenant,
-                on_end(0.0, charged, cost, plan),  # on_end is vt plus this
-                next_estimate(tenant_estimate, cost),
-                next_estimate(domain_estimate, cost),
-                usage_bucket(t.now),
-                max(0.0, held),
-                processed,
-            ),
-        )
-    k.active -= 1
-    v = await view(t, d, k)
-    when, counter = on_slice_end(v, plan, t.now, retry_at)
-    if when is not None and counter is not None:
-        await count(t, d, counter)
-        await signal(t, d, k, when)
-    await note_backlog(t, d, k, bool(v.visible or v.waiting_due is not None))
-    await k.save(t, d, processed)
-    return True
+def _ended(t: Txn, domain: str, woke: bool, dues: list[float]) -> None:
+    """What ending a slice server-side wrote, for :func:`run` to act on after the commit."""
+    if woke:
+        t.notify.add(domain)
+    if dues:
+        t.scheduled.setdefault(domain, []).extend(dues)
 
 
 # -- domains -------------------------------------------------------------------------------
@@ -438,8 +398,24 @@ async def extend(b: PostgresBackend, domain: str, token: str) -> bool:
 async def end(
     b: PostgresBackend, domain: str, token: str, processed: int, retry_at: float | None
 ) -> None:
-    async def go(t: Txn) -> None:
-        d = await begin(t, domain)
-        await end_slice(t, d, token, processed, retry_at)
+    """ONE statement (``att_end`` in 0010_attention_one_call.sql): the domain's row is
+    locked for the server's time only, not across round trips to this process. It commits
+    without the WAL flush, as a take does (see :func:`run`)."""
+    now = b.now()
+    flush = b.options.durable_leases
 
-    await run(b, go, flush=False)
+    async def go(cur: Cursor) -> tuple[Any, ...] | None:
+        await cur.execute(
+            f"SELECT live, woke, dues FROM {b.s}.att_end(%s, %s, %s, %s, %s, %s)",
+            (domain, token, processed, retry_at, now, flush),
+        )
+        return await cur.fetchone()
+
+    row = await b.pool.run(go, wakes=lambda r: r is not None and bool(r[1]))
+    if row is None:
+        raise AttentionNotFound(domain)
+    _, woke, dues = row
+    if dues:
+        b.att_scheduled.add(domain, list(dues), now)
+    if woke:
+        b.wakeups.notify([f"attention:{domain}"])
