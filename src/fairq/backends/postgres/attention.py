@@ -22,15 +22,11 @@ import orjson
 
 from ...errors import AttentionNotFound, InvalidOption, LeaseLost
 from ...message import Received
-from ...model.attention import AttentionConfig, Slice
+from ...model.attention import AttentionConfig, Plan, Slice
 from ...model.queues import Envelope, queue_config_from_options
 from ..attention_policy import (
-    KeyView,
     check_change,
-    estimate,
     next_permit,
-    on_signal,
-    on_take,
     refill,
     resignal_allowed,
 )
@@ -39,7 +35,6 @@ from .attention_rows import (
     Domain,
     Key,
     Txn,
-    count,
     domain_row,
     key_row,
     load_key,
@@ -53,8 +48,6 @@ from .connection import Cursor
 
 if TYPE_CHECKING:
     from . import PostgresBackend
-
-_MAX_SIGNALS_PER_TAKE = 256
 
 
 async def begin(t: Txn, name: str) -> Domain:
@@ -208,109 +201,34 @@ async def _pull_forward(t: Txn, d: Domain, k: Key) -> None:
 
 
 async def take(b: PostgresBackend, domain: str) -> Slice | None:
-    async def go(t: Txn) -> Slice | None:
-        d = await begin(t, domain)
-        cap = max(p.max_messages for p in d.config.plans.values()) + 1
-        for _ in range(_MAX_SIGNALS_PER_TAKE):
-            await t.cur.execute(f"SELECT * FROM {t.s}.att_pick(%s, %s, %s)", (d.id, t.now, cap))
-            row = await t.cur.fetchone()
-            if row is None:
-                return None
-            tenant, vt, tenant_estimate, clock, domain_estimate, _sid, key = row[:7]
-            if row[7] is None:  # the key is gone: the signal is spent, the tenant's turn too
-                await t.cur.execute(f"SELECT {t.s}.att_served(%s, %s, NULL, 0)", (d.id, tenant))
-                continue
-            k = Key((key, *row[7:17]))
-            visible = int(row[17] or 0)
-            waiting_due = None if visible or row[18] is None else float(row[18])
-            v = KeyView(
-                k.state,
-                k.active,
-                k.pending - 1,  # without the signal being decided
-                visible,
-                waiting_due,
-                refill(k.tokens, k.tokens_at, t.now, plan_of(d, k)),
-            )
-            expected = estimate(tenant_estimate, domain_estimate)
-            got, charged, new_clock = await _take_signal(t, d, k, v, tenant, vt, clock, expected)
-            # the tenant's turn, and its charge, after the decision: until then the signal
-            # taken still counts as ready, so a re-signal in between is no return from idle
-            await t.cur.execute(
-                f"SELECT {t.s}.att_decided(%s, %s, %s, %s, %s, %s, %s, "
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (
-                    d.id,
-                    tenant,
-                    new_clock,
-                    charged,
-                    None if got is None else got.token,
-                    t.now + d.config.slice_lease,
-                    t.now,
-                    k.key,
-                    k.tenant,
-                    k.plan,
-                    k.state,
-                    bool(k.parked),
-                    k.pending,
-                    k.active,
-                    None if k.tokens == math.inf else k.tokens,
-                    k.tokens_at,
-                    k.backlog_since,
-                ),
-            )
-            if got is not None:
-                return got
-        return None
-
-    result: Slice | None = await run(b, go, flush=False)
-    return result
-
-
-async def _take_signal(
-    t: Txn,
-    d: Domain,
-    k: Key,
-    v: KeyView,
-    tenant: str,
-    vt: float,
-    clock: float,
-    expected: float,
-) -> tuple[Slice | None, float, float | None]:
-    """Decide what the signal of ``k`` just taken does (rule 3), ``v`` the key as the
-    policy sees it: a slice or None, what it charges ``tenant`` (at virtual time ``vt``),
-    and the domain's new clock (None: as is). The caller writes the key and the slice."""
-    now = t.now
-    k.pending -= 1
-    plan = plan_of(d, k)
-    decision = on_signal(v, plan, now)
-    action = decision.action
-    if action == "drop":
-        await t.cur.execute(
-            f"UPDATE {t.s}.att_domains SET discarded = jsonb_set(discarded, "
-            "ARRAY[%s], to_jsonb(coalesce((discarded ->> %s)::bigint, 0) + 1)) "
-            "WHERE id = %s",
-            (k.state, k.state, d.id),
-        )
-    elif action == "park":
-        k.parked = True
-        await count(t, d, "parked")
-    elif action != "slice":
-        await count(t, d, "blocked" if action == "block" else action)
-        if action == "rate_limited":
-            k.tokens, k.tokens_at = v.tokens, now
-        if action == "empty" and decision.resignal_at is None:
-            await note_backlog(t, d, k, v.waiting_due is not None)
-    if decision.resignal_at is not None:
-        await signal(t, d, k, decision.resignal_at)
-    if action != "slice":
-        return None, 0.0, None
-    _, new_clock, charged = on_take(vt, clock, expected, plan)
-    k.active += 1
-    k.tokens, k.tokens_at = v.tokens, now
-    if decision.fan_out:
-        await signal(t, d, k, now)
+    """ONE statement (``att_take`` in 0010_attention_one_call.sql): the sweep, the
+    scheduler's pick (``att_pick``: the tenant with a ready signal and the smallest
+    ``(vt, turn)``, its oldest ready signal, its key and work queue), the decision
+    (:func:`on_signal`, mirrored in PL/pgSQL) and its writes (``att_decided``), repeated
+    until a signal yields a slice. The domain's row is locked for the server's time only.
+    It commits without the WAL flush (see :func:`run`)."""
+    now = b.now()
     token = secrets.token_hex(12)
-    return Slice(d.name, k.key, k.queue, token, plan), charged, new_clock
+    flush = b.options.durable_leases
+
+    async def go(cur: Cursor) -> tuple[Any, ...] | None:
+        await cur.execute(
+            f"SELECT s_key, s_queue, s_plan, woke, dues FROM {b.s}.att_take(%s, %s, %s, %s)",
+            (domain, now, flush, token),
+        )
+        return await cur.fetchone()
+
+    row = await b.pool.run(go, wakes=lambda r: r is not None and bool(r[3]))
+    if row is None:
+        raise AttentionNotFound(domain)
+    key, queue, plan, woke, dues = row
+    if dues:
+        b.att_scheduled.add(domain, list(dues), now)
+    if woke:
+        b.wakeups.notify([f"attention:{domain}"])
+    if key is None:
+        return None
+    return Slice(domain, key, queue, token, Plan(**plan))
 
 
 async def receive(
