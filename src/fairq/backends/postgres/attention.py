@@ -1,15 +1,19 @@
 """PostgreSQL attention: domains and the slice cycle — publish, take (the scheduler),
-receive, extend, end (the charge) and the sweep — each one transaction.
+receive, extend, end (the charge) and the sweep — each one transaction; a take and an end
+one statement each (``att_take``, ``att_end``, migration 10), so the domain's row they lock
+is never held across a round trip to this process.
 
-Every decision is :mod:`fairq.backends.attention_policy`'s, the same as on every backend.
-The scheduler (SPEC §5 rule 4) is its start-time fair queueing over tenants in virtual
-time: a take asks ``att_pick`` for the tenant with a ready signal and the smallest
-``(vt, turn)`` — one probe of a partial index, however many tenants and keys — and its
-oldest ready signal, its key and its work queue; a slice charges the tenant
-:func:`on_take`'s estimate (``att_decided`` writes it and moves the domain's clock); its
-end replaces the estimate with the real cost (:func:`slice_cost` in the broker's clock,
-``att_charge``). Shared pieces are in :mod:`.attention_rows`; resources and stats in
-:mod:`.attention_keys`.
+Every decision is :mod:`fairq.backends.attention_policy`'s, the same as on every backend;
+the take's (:func:`on_signal`, :func:`on_take`) and the end's (:func:`on_slice_end`,
+:func:`slice_cost`, :func:`on_end`, :func:`next_estimate`) are mirrored in PL/pgSQL in
+``migrations/0010_attention_one_call.sql``, as Redis mirrors them in Lua, and
+tests/postgres/test_attention_plpgsql.py holds them to the memory backend's. The scheduler
+(SPEC §5 rule 4) is start-time fair queueing over tenants in virtual time: ``att_pick``
+finds the tenant with a ready signal and the smallest ``(vt, turn)`` — one probe of a
+partial index, however many tenants and keys — and its oldest ready signal, its key and
+work queue; a slice charges the tenant its estimate (``att_decided`` writes it and moves
+the domain's clock); its end replaces the estimate with the real cost (``att_charge``).
+Shared pieces are in :mod:`.attention_rows`; resources and stats in :mod:`.attention_keys`.
 """
 
 from __future__ import annotations
