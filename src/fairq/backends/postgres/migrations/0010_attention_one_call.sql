@@ -332,3 +332,28 @@ BEGIN
     END IF;
     RETURN QUERY SELECT NULL::text, NULL::text, NULL::jsonb, any_woke, all_dues;
 END $$;
+
+-- the sweep (replacing migration 8's): a delayed signal that came due joins the TAIL of its
+-- tenant's ready signals, as on the memory backend and Redis — it gets a new id, which is
+-- the ready signals' order (att_pick takes the smallest) — in the order they came due;
+-- the tenant's `since` (its tie-break, att_ready) stays the signal's first id, as the
+-- reference's sequence number of the signal that made the tenant ready. Before, a due
+-- signal kept its id and went ahead of the tenant's signals made ready after it was
+-- written. Returns the tokens of slices whose lease ran out, for the caller to end.
+CREATE OR REPLACE FUNCTION {schema}.att_sweep(dom int, now float8) RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE r record;
+BEGIN
+    FOR r IN
+        SELECT g.id, g.tenant FROM {schema}.att_signals g
+        WHERE g.domain_id = dom AND NOT g.ready AND g.due <= now
+        ORDER BY g.due, g.id FOR UPDATE
+    LOOP
+        UPDATE {schema}.att_signals
+        SET ready = true, id = nextval(pg_get_serial_sequence('{schema}.att_signals', 'id'))
+        WHERE id = r.id;
+        PERFORM {schema}.att_ready(dom, r.tenant, r.id, 1);
+    END LOOP;
+    RETURN QUERY SELECT l.token FROM {schema}.att_slices l
+        WHERE l.domain_id = dom AND l.lease_until <= now ORDER BY l.lease_until;
+END $$;
