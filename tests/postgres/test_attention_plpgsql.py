@@ -42,6 +42,8 @@ async def url() -> AsyncIterator[str]:
         (4, "time"),  # put a signal at its tenant's tail, as the reference does
         (7, "time"),
         (8, "time"),
+        (16, "messages"),  # these two charged vt + ((0 - charged) + cost / weight), a bit
+        (21, "messages"),  # off the policy's (vt - charged) + cost / weight: a tie lost
     ],
 )
 async def test_postgres_takes_the_slices_the_memory_backend_takes(

@@ -89,13 +89,20 @@ BEGIN
         ELSE
             cost := greatest(0::float8, held);
         END IF;
-        PERFORM {schema}.att_charge(
-            dom, s.tenant,
-            (0::float8 - s.charged) + cost / coalesce((p ->> 'weight')::float8, 1),  -- on_end
-            {schema}.att_next_estimate(s.t_est, cost),
-            {schema}.att_next_estimate(s.d_est, cost),
-            floor(now / 5::float8)::bigint,                                       -- usage_bucket
-            greatest(0::float8, held), handled);
+        -- att_charge's three writes, but on_end on the tenant's vt as the policy computes
+        -- it, (vt - charged) + cost / weight: att_charge's vt + ((0 - charged) + cost /
+        -- weight) can differ in the last bit, and an equal vt is a tie the turn breaks
+        UPDATE {schema}.att_tenants x
+        SET vt = (x.vt - s.charged) + cost / coalesce((p ->> 'weight')::float8, 1),
+            estimate = {schema}.att_next_estimate(s.t_est, cost)
+        WHERE x.domain_id = dom AND x.tenant = s.tenant;
+        UPDATE {schema}.att_domains SET estimate = {schema}.att_next_estimate(s.d_est, cost)
+        WHERE id = dom;
+        INSERT INTO {schema}.att_usage AS u (domain_id, bucket, tenant, busy, slices, messages)
+        VALUES (dom, floor(now / 5::float8)::bigint, s.tenant, greatest(0::float8, held), 1,
+                handled)                                            -- usage_bucket
+        ON CONFLICT (domain_id, bucket, tenant) DO UPDATE SET busy = u.busy + excluded.busy,
+            slices = u.slices + 1, messages = u.messages + excluded.messages;
     END IF;
     n_active := k.active - 1;
     n_pending := k.pending;
