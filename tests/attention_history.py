@@ -84,6 +84,10 @@ async def history(
             keys[key] = tenant
             for a in domains:
                 await a.set_resource(key, tenant=tenant)
+        # Redis keeps the pending signals as a running count (no walk of every tenant's
+        # list): it must follow every signal written, moved, pulled forward and taken
+        pending = [(await a.stats()).signals_pending for a in domains]
+        assert pending[0] == pending[1], f"step {step} ({op}): pending signals {pending}"
     assert sum(t is not None for t in taken) > 40, "the history serves slices"
     for *pair, _ in open_slices:
         for a, s in zip(domains, pair, strict=True):
