@@ -144,8 +144,20 @@ async def test_a_version_7_schema_is_upgraded_with_its_attention_domains(url: st
             "ack_batch(text, float8, bigint[], bigint[])",
         ):
             await c.execute(f"DROP FUNCTION {s}.{fn}")
+        # and migration 10's one-call take and end
+        for fn in (
+            "att_take(text, float8, bool, text)",
+            "att_next_permit(float8, float8, jsonb)",
+            "att_signal(int, text, text, float8, float8)",
+            "att_end(text, text, int, float8, float8, bool)",
+            "att_end_slice(int, text, int, float8, float8, bool)",
+            "att_next_estimate(float8, float8)",
+            "att_plan(jsonb, text)",
+        ):
+            await c.execute(f"DROP FUNCTION {s}.{fn}")
         await c.execute(f"DELETE FROM {s}.migrations WHERE version >= 8")
-        assert [m.version for m in await migrate.pending(c, _schema(url).strip('"'))] == [8, 9]
+        pending = await migrate.pending(c, _schema(url).strip('"'))
+        assert [m.version for m in pending] == [8, 9, 10]
     async with await fairq.connect(url) as broker:
         a = broker.attention("market")
         assert (await a.stats()).signals_pending == 2

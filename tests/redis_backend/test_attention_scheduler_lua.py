@@ -5,7 +5,6 @@ takes and slice ends over tenants of several weights; what delete_attention leav
 
 from __future__ import annotations
 
-import math
 import random
 import secrets
 from collections.abc import AsyncIterator, Iterator
@@ -15,6 +14,7 @@ from typing import Any
 import pytest
 
 import fairq
+from attention_history import history
 from fairq.backends import attention_policy as policy
 from fairq.model.attention import Plan
 from redis_servers import drop_prefix, service_up
@@ -154,93 +154,44 @@ async def test_the_lua_rules_compute_what_the_python_ones_do(client: Any, seed: 
         assert [int(float(x)) for x in lua[8:]] == [int(x) for x in want[8:]], case
 
 
-# -- the scheduler as a whole: the memory backend (the Python reference) vs Redis ----------
-_PLANS = {
-    "basic": Plan(1, 4, 60.0),
-    "wide": Plan(3, 2, 60.0),
-    "heavy": Plan(1, 3, 60.0, weight=2.5),
-    "light": Plan(2, 5, 60.0, weight=0.5),
-    "slow": Plan(1, 3, 60.0, rate=2.0, burst=2.0),
-}
+_PERMIT = """
+local out = {}
+local i = 4
+while ARGV[i] do
+  local plan = {rate = tonumber(ARGV[i + 1]), bucket = tonumber(ARGV[i + 2]),
+    max_messages = tonumber(ARGV[i + 3])}
+  out[#out + 1] = fmt(next_permit(tonumber(ARGV[i]), plan))
+  i = i + 4
+end
+return out
+"""
 
 
-async def _history(
-    brokers: list[fairq.Broker], clock: fairq.ManualClock, seed: int, charge: str
-) -> None:
+@pytest.mark.parametrize("seed", [1, 2])
+async def test_the_lua_next_permit_is_the_python_one(client: Any, seed: int) -> None:
+    """When a rate-limited key is signalled again, for the same bucket, to the bit."""
     rng = random.Random(seed)
-    domains = [
-        # no token lease runs out: expired slices end in token order, which is random
-        await b.declare_attention("sched", plans=_PLANS, charge=charge, slice_lease=1e6)  # type: ignore[arg-type]
-        for b in brokers
-    ]
-    tenants = ["A", "B", "C", "D"]
-    keys: dict[str, str] = {}
-    for i in range(14):
-        key, tenant = f"k{i}", rng.choice(tenants)
-        keys[key] = tenant
-        plan = rng.choice(list(_PLANS))
-        for a in domains:
-            await a.set_resource(key, tenant=tenant, plan=plan)
-    open_slices: list[list[Any]] = []  # one slice per broker, taken at the same step
-    taken: list[str | None] = []
-    for step in range(260):
-        op = rng.choices(["publish", "take", "serve", "time", "move"], [3, 4, 4, 1, 0.3])[0]
-        if op == "publish":
-            key = rng.choice(list(keys))
-            n = rng.choice([1, 1, 2, 5, 12])
-            for a in domains:
-                await a.publish_batch(key, [fairq.Outgoing(b"x") for _ in range(n)])
-        elif op == "take":
-            got = [await a._take(0) for a in domains]
-            names = [s.key if s is not None else None for s in got]
-            assert names[0] == names[1], f"step {step}: memory took {names[0]}, redis {names[1]}"
-            taken.append(names[0])
-            if got[0] is not None:
-                # received at once, as a worker does (Redis leases them with the take),
-                # and held as long as the history runs
-                received = [
-                    await a._receive(s, s.plan.max_messages, 1e6)
-                    for a, s in zip(domains, got, strict=True)
-                ]
-                assert len(received[0][0]) == len(received[1][0])
-                assert received[0][1] == received[1][1]
-                open_slices.append([*got, received])
-        elif op == "serve" and open_slices:
-            *pair, got = open_slices.pop(rng.randrange(len(open_slices)))
-            per_message = rng.choice([0.001, 0.01, 0.2, 1.5])
-            clock.advance(per_message * len(got[0][0]))
-            for a, s, (msgs, retry_at) in zip(domains, pair, got, strict=True):
-                for m in msgs:
-                    await m.ack()
-                await a._end(s, len(msgs), retry_at)
-        elif op == "time":
-            clock.advance(rng.choice([0.5, 3.0, 7.0]))
-        elif op == "move":
-            key, tenant = rng.choice(list(keys)), rng.choice(tenants)
-            keys[key] = tenant
-            for a in domains:
-                await a.set_resource(key, tenant=tenant)
-        # Redis keeps the pending signals as a running count (no walk of every tenant's
-        # list): it must follow every signal written, moved, pulled forward and taken
-        pending = [(await a.stats()).signals_pending for a in domains]
-        assert pending[0] == pending[1], f"step {step} ({op}): pending signals {pending}"
-    assert sum(t is not None for t in taken) > 40, "the history serves slices"
-    for *pair, _ in open_slices:
-        for a, s in zip(domains, pair, strict=True):
-            await a._end(s, 0, None)
-    stats = [await a.tenant_stats() for a in domains]
-    assert [t.tenant for t in stats[0]] == [t.tenant for t in stats[1]]
-    for m, r in zip(*stats, strict=True):
-        assert (m.slices, m.messages, m.backlog, m.keys, m.at_cap) == (
-            r.slices,
-            r.messages,
-            r.backlog,
-            r.keys,
-            r.at_cap,
-        ), (m, r)
-        assert math.isclose(m.busy, r.busy, rel_tol=1e-9, abs_tol=1e-9), (m, r)
+    now = rng.uniform(1.6e9, 1.9e9)
+    cases = []
+    for _ in range(400):
+        plan = Plan(
+            1,
+            rng.choice([1, 2, 3, 10, 100, rng.randint(1, 1000)]),
+            20.0,
+            rate=rng.choice([0.5, 20.0, 50.0, rng.uniform(0.01, 1e4)]),
+            burst=rng.choice([1.0, 2.5, 10.0, rng.uniform(1.0, 1e3)]),
+        )
+        tokens = rng.choice([0.0, rng.uniform(0.0, plan.bucket)])
+        cases.append((tokens, plan))
+    args = ["t-x:", repr(now), "0"]
+    for tokens, plan in cases:
+        args += [repr(tokens), repr(plan.rate), repr(plan.bucket), str(plan.max_messages)]
+    got = await client.eval(_lib_source() + _PERMIT, 1, "t-x:{x}:due", *args)
+    want = [policy.next_permit(tokens, now, plan) for tokens, plan in cases]
+    assert [float(x) for x in got] == want
 
 
+# -- the scheduler as a whole: the memory backend (the Python reference) vs Redis ----------
 @pytest.mark.parametrize(("seed", "charge"), [(1, "time"), (2, "time"), (3, "messages")])
 async def test_redis_takes_the_slices_the_memory_backend_takes(
     redis_url: str, seed: int, charge: str
@@ -254,7 +205,7 @@ async def test_redis_takes_the_slices_the_memory_backend_takes(
         await fairq.connect(redis_url, clock=clock),
     ]
     try:
-        await _history(brokers, clock, seed, charge)
+        await history(brokers, clock, seed, charge)
     finally:
         for b in brokers:
             await b.close()

@@ -20,9 +20,11 @@ from fairq.backends.attention_policy import (
     eligible_vt,
     estimate,
     next_estimate,
+    next_permit,
     on_end,
     on_take,
     order,
+    refill,
     slice_cost,
     tenant_at_cap,
     usage_bucket,
@@ -99,6 +101,72 @@ def test_plan_weight_and_charge_are_checked() -> None:
     del old["plans"]["p"]["weight"]
     assert AttentionConfig.from_dict(old).charge == "time", "a config stored before 8"
     assert AttentionConfig.from_dict(old).plans["p"].weight == 1.0
+
+
+def test_a_rate_limited_key_is_signalled_for_half_a_slice() -> None:
+    plan = Plan(8, 100, 20.0, rate=50.0, burst=10.0)
+    near = pytest.approx
+    assert next_permit(0.0, 100.0, plan) == near(100.1, abs=1e-5), "5 of the bucket's 10"
+    assert next_permit(4.5, 100.0, plan) == near(100.01, abs=1e-5)
+    assert next_permit(7.0, 100.0, plan) == 100.0, "enough already: now"
+    small = Plan(1, 3, 20.0, rate=10.0, burst=50.0)  # a slice of 3 is worth 2 (whole messages)
+    assert next_permit(0.0, 0.0, small) == near(0.2, abs=1e-5)
+    one = Plan(1, 100, 20.0, rate=20.0, burst=1.0)
+    assert next_permit(0.25, 0.0, one) == near(0.0375, abs=1e-5), "burst=1: the next token"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    now=st.floats(0.0, 4e9),
+    rate=st.floats(0.01, 1e4),
+    burst=st.floats(1.0, 1e3),
+    fill=st.floats(0.0, 1.0, exclude_max=True),
+)
+def test_at_the_due_time_the_bucket_holds_the_whole_permit(
+    now: float, rate: float, burst: float, fill: float
+) -> None:
+    plan = Plan(1, 100, 20.0, rate=rate, burst=burst)
+    permit = max(1.0, math.ceil(min(burst, 100.0) / 2))
+    tokens = fill * permit
+    due = next_permit(tokens, now, plan)
+    assert due > now
+    assert math.floor(refill(tokens, now, due, plan)) >= permit, "not 4.9999... of 5"
+
+
+def _drain(plan: Plan, late: float, seconds: float) -> tuple[int, int]:
+    """A key with endless backlog whose signals are taken ``late`` seconds after they come
+    due: each slice leases what the bucket allows, finds it empty on its next receive and
+    ends with the bucket's ``next_permit``. Messages handled and takes in ``seconds``."""
+    assert plan.rate is not None
+    tokens, at, now = plan.bucket, 0.0, 0.0
+    handled = takes = 0
+    while True:
+        takes += 1
+        tokens, at = refill(tokens, at, now, plan), now
+        n = min(plan.max_messages, math.floor(tokens))
+        handled += n
+        tokens -= n
+        now = next_permit(tokens, now, plan) + late
+        if now > seconds:
+            return handled, takes
+
+
+@pytest.mark.parametrize("late", [0.0, 0.002, 0.04, 0.09])
+def test_a_late_take_loses_none_of_the_rate(late: float) -> None:
+    plan = Plan(8, 100, 20.0, rate=50.0, burst=10.0)
+    handled, takes = _drain(plan, late, 60.0)
+    # the burst, then the rate: a take up to (10 - 5) / 50 = 0.1 s late loses nothing
+    assert 10 + 50 * 60 - 10 <= handled <= 10 + 50 * 60
+    assert takes <= 60 * 50 / 5 + 1, "woken for half a bucket, not for every token"
+
+
+def test_a_take_later_than_the_bucket_holds_loses_only_the_excess() -> None:
+    plan = Plan(8, 100, 20.0, rate=50.0, burst=10.0)
+    handled, _ = _drain(plan, 0.14, 60.0)  # 0.04 s of each cycle past the bucket's room
+    assert handled == pytest.approx(60 * 10 / 0.24, rel=0.02)
+    one = Plan(1, 100, 20.0, rate=20.0, burst=1.0)
+    handled, takes = _drain(one, 0.0, 60.0)
+    assert handled == takes == pytest.approx(1 + 20 * 60, abs=1), "burst=1: one per token"
 
 
 # -- a model domain built from the rules ----------------------------------------------------

@@ -44,6 +44,7 @@ from ..model.attention import (
 
 __all__ = [
     "ESTIMATE_WEIGHT",
+    "PERMIT_MARGIN",
     "USAGE_BUCKET",
     "KeyRow",
     "KeyView",
@@ -161,13 +162,29 @@ def refill(tokens: float, at: float, now: float, plan: Plan) -> float:
     return min(plan.bucket, tokens + max(0.0, now - at) * plan.rate)
 
 
+#: how much later than the exact refill a rate-limited key's signal comes due (seconds)
+PERMIT_MARGIN = 1e-6
+
+
 def next_permit(tokens: float, now: float, plan: Plan) -> float:
-    """When the bucket holds enough for a worthwhile slice again: a full bucket or a full
-    slice, whichever is smaller (so a rate-limited key wakes a few times a second, not once
-    per token, and still gets exactly its rate)."""
+    """When the bucket holds enough for a worthwhile slice again: half of a full bucket or
+    of a full slice, whichever is smaller, in whole messages (at least one).
+
+    A worthwhile slice, so a rate-limited key wakes a few times a second, not once per
+    token; half of it, so the bucket still has room when the signal comes due: tokens stop
+    accruing at the bucket's cap, and a take up to ``(bucket - permit) / rate`` late (the
+    take, a busy worker, a loaded engine) then loses none of its rate. The price is twice
+    the takes of waiting for a full bucket. With ``burst=1`` there is no room to keep: the
+    key is signalled for its next token.
+    """
     assert plan.rate is not None
     want = max(1.0, min(plan.bucket, float(plan.max_messages)))
-    return now + max(0.0, want - tokens) / plan.rate
+    permit = max(1.0, math.ceil(want / 2))
+    if tokens >= permit:
+        return now
+    # a microsecond more, so that the refill at the due time (epoch seconds, rounded to a
+    # double) reads the whole tokens waited for, not 4.9999...
+    return now + (permit - tokens) / plan.rate + PERMIT_MARGIN
 
 
 def on_signal(key: KeyView, plan: Plan, now: float) -> SignalDecision:

@@ -1,15 +1,19 @@
 """PostgreSQL attention: domains and the slice cycle — publish, take (the scheduler),
-receive, extend, end (the charge) and the sweep — each one transaction.
+receive, extend, end (the charge) and the sweep — each one transaction; a take and an end
+one statement each (``att_take``, ``att_end``, migration 10), so the domain's row they lock
+is never held across a round trip to this process.
 
-Every decision is :mod:`fairq.backends.attention_policy`'s, the same as on every backend.
-The scheduler (SPEC §5 rule 4) is its start-time fair queueing over tenants in virtual
-time: a take asks ``att_pick`` for the tenant with a ready signal and the smallest
-``(vt, turn)`` — one probe of a partial index, however many tenants and keys — and its
-oldest ready signal, its key and its work queue; a slice charges the tenant
-:func:`on_take`'s estimate (``att_decided`` writes it and moves the domain's clock); its
-end replaces the estimate with the real cost (:func:`slice_cost` in the broker's clock,
-``att_charge``). Shared pieces are in :mod:`.attention_rows`; resources and stats in
-:mod:`.attention_keys`.
+Every decision is :mod:`fairq.backends.attention_policy`'s, the same as on every backend;
+the take's (:func:`on_signal`, :func:`on_take`) and the end's (:func:`on_slice_end`,
+:func:`slice_cost`, :func:`on_end`, :func:`next_estimate`) are mirrored in PL/pgSQL in
+``migrations/0010_attention_one_call.sql``, as Redis mirrors them in Lua, and
+tests/postgres/test_attention_plpgsql.py holds them to the memory backend's. The scheduler
+(SPEC §5 rule 4) is start-time fair queueing over tenants in virtual time: ``att_pick``
+finds the tenant with a ready signal and the smallest ``(vt, turn)`` — one probe of a
+partial index, however many tenants and keys — and its oldest ready signal, its key and
+work queue; a slice charges the tenant its estimate (``att_decided`` writes it and moves
+the domain's clock); its end replaces the estimate with the real cost (``att_charge``).
+Shared pieces are in :mod:`.attention_rows`; resources and stats in :mod:`.attention_keys`.
 """
 
 from __future__ import annotations
@@ -22,29 +26,19 @@ import orjson
 
 from ...errors import AttentionNotFound, InvalidOption, LeaseLost
 from ...message import Received
-from ...model.attention import AttentionConfig, Slice
+from ...model.attention import AttentionConfig, Plan, Slice
 from ...model.queues import Envelope, queue_config_from_options
 from ..attention_policy import (
-    KeyView,
     check_change,
-    estimate,
-    next_estimate,
     next_permit,
-    on_end,
-    on_signal,
-    on_slice_end,
-    on_take,
     refill,
     resignal_allowed,
-    slice_cost,
-    usage_bucket,
 )
 from . import queues
 from .attention_rows import (
     Domain,
     Key,
     Txn,
-    count,
     domain_row,
     key_row,
     load_key,
@@ -59,70 +53,33 @@ from .connection import Cursor
 if TYPE_CHECKING:
     from . import PostgresBackend
 
-_MAX_SIGNALS_PER_TAKE = 256
-
 
 async def begin(t: Txn, name: str) -> Domain:
     """The domain's row, locked, and swept (``att_begin``): delayed signals that came due
-    join their tenant, expired slices free their token."""
+    join their tenant, expired slices free their token (``att_end_slice``, without their
+    charge: a dead worker's slice keeps its estimate)."""
     await t.cur.execute(f"SELECT * FROM {t.s}.att_begin(%s, %s, %s)", (name, t.now, t.flush))
     row = await t.cur.fetchone()
     if row is None:
         raise AttentionNotFound(name)
     d = Domain(row[0], name, AttentionConfig.from_dict(row[1]))
     for token in row[2]:
-        await end_slice(t, d, token, 0, None, expired=True)
+        await t.cur.execute(
+            f"SELECT woke, dues FROM {t.s}.att_end_slice(%s, %s, 0, NULL, %s, true)",
+            (d.id, token, t.now),
+        )
+        ended = await t.cur.fetchone()
+        assert ended is not None
+        _ended(t, d.name, ended[0], ended[1])
     return d
 
 
-async def end_slice(
-    t: Txn, d: Domain, token: str, processed: int, retry_at: float | None, expired: bool = False
-) -> bool:
-    """End the slice of ``token``: charge its tenant, free its token, re-signal its key as
-    rule 3 (f) says. False if there is no such slice (it expired and was ended)."""
-    await t.cur.execute(
-        f"SELECT s.key, s.tenant, s.charged, s.taken_at, x.estimate, d.estimate "
-        f"FROM {t.s}.att_slices s JOIN {t.s}.att_domains d ON d.id = s.domain_id "
-        f"LEFT JOIN {t.s}.att_tenants x ON x.domain_id = s.domain_id AND x.tenant = s.tenant "
-        "WHERE s.token = %s",
-        (token,),
-    )
-    row = await t.cur.fetchone()
-    await count(t, d, "processed", processed)
-    if row is None:
-        return False
-    key, tenant, charged, taken_at, tenant_estimate, domain_estimate = row
-    k = await load_key(t, d, key)  # the key's lock first, as a publish takes it
-    await t.cur.execute(f"DELETE FROM {t.s}.att_slices WHERE token = %s", (token,))
-    if k is None or t.cur.rowcount == 0:
-        return k is not None
-    plan = plan_of(d, k)
-    if tenant is not None and taken_at is not None and not expired:
-        # a dead worker's slice (expired) keeps its estimate: its real cost is unknown
-        held = t.now - taken_at
-        cost = slice_cost(d.config.charge, held, processed)
-        await t.cur.execute(
-            f"SELECT {t.s}.att_charge(%s, %s, %s, %s, %s, %s, %s, %s)",
-            (
-                d.id,
-                tenant,
-                on_end(0.0, charged, cost, plan),  # on_end is vt plus this
-                next_estimate(tenant_estimate, cost),
-                next_estimate(domain_estimate, cost),
-                usage_bucket(t.now),
-                max(0.0, held),
-                processed,
-            ),
-        )
-    k.active -= 1
-    v = await view(t, d, k)
-    when, counter = on_slice_end(v, plan, t.now, retry_at)
-    if when is not None and counter is not None:
-        await count(t, d, counter)
-        await signal(t, d, k, when)
-    await note_backlog(t, d, k, bool(v.visible or v.waiting_due is not None))
-    await k.save(t, d, processed)
-    return True
+def _ended(t: Txn, domain: str, woke: bool, dues: list[float]) -> None:
+    """What ending a slice server-side wrote, for :func:`run` to act on after the commit."""
+    if woke:
+        t.notify.add(domain)
+    if dues:
+        t.scheduled.setdefault(domain, []).extend(dues)
 
 
 # -- domains -------------------------------------------------------------------------------
@@ -248,109 +205,34 @@ async def _pull_forward(t: Txn, d: Domain, k: Key) -> None:
 
 
 async def take(b: PostgresBackend, domain: str) -> Slice | None:
-    async def go(t: Txn) -> Slice | None:
-        d = await begin(t, domain)
-        cap = max(p.max_messages for p in d.config.plans.values()) + 1
-        for _ in range(_MAX_SIGNALS_PER_TAKE):
-            await t.cur.execute(f"SELECT * FROM {t.s}.att_pick(%s, %s, %s)", (d.id, t.now, cap))
-            row = await t.cur.fetchone()
-            if row is None:
-                return None
-            tenant, vt, tenant_estimate, clock, domain_estimate, _sid, key = row[:7]
-            if row[7] is None:  # the key is gone: the signal is spent, the tenant's turn too
-                await t.cur.execute(f"SELECT {t.s}.att_served(%s, %s, NULL, 0)", (d.id, tenant))
-                continue
-            k = Key((key, *row[7:17]))
-            visible = int(row[17] or 0)
-            waiting_due = None if visible or row[18] is None else float(row[18])
-            v = KeyView(
-                k.state,
-                k.active,
-                k.pending - 1,  # without the signal being decided
-                visible,
-                waiting_due,
-                refill(k.tokens, k.tokens_at, t.now, plan_of(d, k)),
-            )
-            expected = estimate(tenant_estimate, domain_estimate)
-            got, charged, new_clock = await _take_signal(t, d, k, v, tenant, vt, clock, expected)
-            # the tenant's turn, and its charge, after the decision: until then the signal
-            # taken still counts as ready, so a re-signal in between is no return from idle
-            await t.cur.execute(
-                f"SELECT {t.s}.att_decided(%s, %s, %s, %s, %s, %s, %s, "
-                "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (
-                    d.id,
-                    tenant,
-                    new_clock,
-                    charged,
-                    None if got is None else got.token,
-                    t.now + d.config.slice_lease,
-                    t.now,
-                    k.key,
-                    k.tenant,
-                    k.plan,
-                    k.state,
-                    bool(k.parked),
-                    k.pending,
-                    k.active,
-                    None if k.tokens == math.inf else k.tokens,
-                    k.tokens_at,
-                    k.backlog_since,
-                ),
-            )
-            if got is not None:
-                return got
-        return None
-
-    result: Slice | None = await run(b, go, flush=False)
-    return result
-
-
-async def _take_signal(
-    t: Txn,
-    d: Domain,
-    k: Key,
-    v: KeyView,
-    tenant: str,
-    vt: float,
-    clock: float,
-    expected: float,
-) -> tuple[Slice | None, float, float | None]:
-    """Decide what the signal of ``k`` just taken does (rule 3), ``v`` the key as the
-    policy sees it: a slice or None, what it charges ``tenant`` (at virtual time ``vt``),
-    and the domain's new clock (None: as is). The caller writes the key and the slice."""
-    now = t.now
-    k.pending -= 1
-    plan = plan_of(d, k)
-    decision = on_signal(v, plan, now)
-    action = decision.action
-    if action == "drop":
-        await t.cur.execute(
-            f"UPDATE {t.s}.att_domains SET discarded = jsonb_set(discarded, "
-            "ARRAY[%s], to_jsonb(coalesce((discarded ->> %s)::bigint, 0) + 1)) "
-            "WHERE id = %s",
-            (k.state, k.state, d.id),
-        )
-    elif action == "park":
-        k.parked = True
-        await count(t, d, "parked")
-    elif action != "slice":
-        await count(t, d, "blocked" if action == "block" else action)
-        if action == "rate_limited":
-            k.tokens, k.tokens_at = v.tokens, now
-        if action == "empty" and decision.resignal_at is None:
-            await note_backlog(t, d, k, v.waiting_due is not None)
-    if decision.resignal_at is not None:
-        await signal(t, d, k, decision.resignal_at)
-    if action != "slice":
-        return None, 0.0, None
-    _, new_clock, charged = on_take(vt, clock, expected, plan)
-    k.active += 1
-    k.tokens, k.tokens_at = v.tokens, now
-    if decision.fan_out:
-        await signal(t, d, k, now)
+    """ONE statement (``att_take`` in 0010_attention_one_call.sql): the sweep, the
+    scheduler's pick (``att_pick``: the tenant with a ready signal and the smallest
+    ``(vt, turn)``, its oldest ready signal, its key and work queue), the decision
+    (:func:`on_signal`, mirrored in PL/pgSQL) and its writes (``att_decided``), repeated
+    until a signal yields a slice. The domain's row is locked for the server's time only.
+    It commits without the WAL flush (see :func:`run`)."""
+    now = b.now()
     token = secrets.token_hex(12)
-    return Slice(d.name, k.key, k.queue, token, plan), charged, new_clock
+    flush = b.options.durable_leases
+
+    async def go(cur: Cursor) -> tuple[Any, ...] | None:
+        await cur.execute(
+            f"SELECT s_key, s_queue, s_plan, woke, dues FROM {b.s}.att_take(%s, %s, %s, %s)",
+            (domain, now, flush, token),
+        )
+        return await cur.fetchone()
+
+    row = await b.pool.run(go, wakes=lambda r: r is not None and bool(r[3]))
+    if row is None:
+        raise AttentionNotFound(domain)
+    key, queue, plan, woke, dues = row
+    if dues:
+        b.att_scheduled.add(domain, list(dues), now)
+    if woke:
+        b.wakeups.notify([f"attention:{domain}"])
+    if key is None:
+        return None
+    return Slice(domain, key, queue, token, Plan(**plan))
 
 
 async def receive(
@@ -438,8 +320,24 @@ async def extend(b: PostgresBackend, domain: str, token: str) -> bool:
 async def end(
     b: PostgresBackend, domain: str, token: str, processed: int, retry_at: float | None
 ) -> None:
-    async def go(t: Txn) -> None:
-        d = await begin(t, domain)
-        await end_slice(t, d, token, processed, retry_at)
+    """ONE statement (``att_end`` in 0010_attention_one_call.sql): the domain's row is
+    locked for the server's time only, not across round trips to this process. It commits
+    without the WAL flush, as a take does (see :func:`run`)."""
+    now = b.now()
+    flush = b.options.durable_leases
 
-    await run(b, go, flush=False)
+    async def go(cur: Cursor) -> tuple[Any, ...] | None:
+        await cur.execute(
+            f"SELECT live, woke, dues FROM {b.s}.att_end(%s, %s, %s, %s, %s, %s)",
+            (domain, token, processed, retry_at, now, flush),
+        )
+        return await cur.fetchone()
+
+    row = await b.pool.run(go, wakes=lambda r: r is not None and bool(r[1]))
+    if row is None:
+        raise AttentionNotFound(domain)
+    _, woke, dues = row
+    if dues:
+        b.att_scheduled.add(domain, list(dues), now)
+    if woke:
+        b.wakeups.notify([f"attention:{domain}"])

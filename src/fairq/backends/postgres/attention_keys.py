@@ -82,11 +82,21 @@ async def _move_tenant(t: Txn, d: Domain, k: Key, tenant: str) -> None:
     )
     ready_ids = sorted(int(r[0]) for r in await t.cur.fetchall() if r[1])
     if ready_ids:
+        # the ready ones join the new tenant's tail, in their order (new ids: the ready
+        # signals' order), as the memory backend and Redis move them
+        await t.cur.execute(
+            f"UPDATE {t.s}.att_signals g SET id = n.new FROM (SELECT o.id, "
+            "nextval(pg_get_serial_sequence(%s, 'id')) AS new "
+            "FROM unnest(%s::bigint[]) WITH ORDINALITY AS o(id, i)) n "
+            "WHERE g.id = n.id RETURNING g.id",
+            (f"{t.s}.att_signals", ready_ids),
+        )
+        moved = sorted(int(r[0]) for r in await t.cur.fetchall())
         await t.cur.execute(
             f"UPDATE {t.s}.att_tenants SET ready = ready - %s WHERE domain_id = %s AND tenant = %s",
             (len(ready_ids), d.id, k.tenant),
         )
-        await tenant_ready(t, d, tenant, ready_ids[0], len(ready_ids))
+        await tenant_ready(t, d, tenant, moved[0], len(moved))
     k.tenant = tenant
 
 

@@ -4,7 +4,8 @@ due times of the delayed signals this broker wrote (:class:`Scheduled`).
 
 The slice cycle and the scheduler are in :mod:`.attention`, resources and stats in
 :mod:`.attention_keys`; the tables in ``migrations/0005_attention.sql`` and
-``0008_attention_worker_time.sql`` (TABLES.md). Locks: a publish locks its key's row;
+``0008_attention_worker_time.sql``, the one-statement take and end in
+``0010_attention_one_call.sql`` (TABLES.md). Locks: a publish locks its key's row;
 takes, ends, set_resource, stats and the reconciler lock the domain's row first (one
 scheduler decision at a time per domain), then key rows before tenant rows, the same
 order as a publish, so the two cannot deadlock on each other.

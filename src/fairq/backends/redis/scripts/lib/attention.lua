@@ -142,9 +142,12 @@ local function refill(k, plan)
   if not plan.rate then return INF end
   return math.min(plan.bucket, k.tokens + math.max(0, NOW - k.tokens_at) * plan.rate)
 end
+-- half a worthwhile slice, so a take that comes somewhat late loses no tokens to the cap
 local function next_permit(tokens, plan)
   local want = math.max(1, math.min(plan.bucket, plan.max_messages))
-  return NOW + math.max(0, want - tokens) / plan.rate
+  local permit = math.max(1, math.ceil(want / 2))
+  if tokens >= permit then return NOW end
+  return NOW + (permit - tokens) / plan.rate + 1e-6  -- PERMIT_MARGIN
 end
 local function resignal_allowed(plan, active, pending) return pending + active < plan.max_concurrency end
 
