@@ -112,6 +112,26 @@ def _usec(r: _Nodes) -> int:
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("usec", 0)) for c in ("evalsha", "eval"))
 
 
+def _by_command(r: _Nodes) -> dict[str, tuple[int, int]]:
+    """Calls and microseconds per command (a script's inner commands count on their own)."""
+    return {
+        name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"]))
+        for name, v in r.info("commandstats").items()
+    }
+
+
+def _top_commands(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], n: int
+) -> list[dict[str, Any]]:
+    """The ``n`` commands Redis spent most time in between two readings, per message."""
+    rows = []
+    for name, (calls, usec) in after.items():
+        c0, u0 = before.get(name, (0, 0))
+        rows.append((usec - u0, calls - c0, name))
+    rows.sort(reverse=True)
+    return [{"command": name, "usec": usec, "calls": calls} for usec, calls, name in rows[:n]]
+
+
 def _scripts(r: _Nodes) -> int:
     stats = r.info("commandstats")
     return sum(int(stats.get(f"cmdstat_{c}", {}).get("calls", 0)) for c in ("evalsha", "eval"))
@@ -215,6 +235,7 @@ async def _run(
 
         scripts_before = _scripts(r)
         usec_before = _usec(r)
+        by_command_before = _by_command(r)
         cpu_before = time.process_time()
         task = asyncio.create_task(worker.run())
         try:
@@ -227,6 +248,8 @@ async def _run(
         # what a message costs, less at the mercy of a busy machine than the rate: Redis's
         # own time (INFO commandstats) and this process's CPU time (the worker's)
         out["redis_us_per_message"] = (_usec(r) - usec_before) / max(1, count)
+        # where Redis's time went (scripts' inner commands by name): what to make cheaper
+        out["redis_top_commands"] = _top_commands(by_command_before, _by_command(r), 10)
         out["worker_cpu_us_per_message"] = (time.process_time() - cpu_before) * 1e6 / max(1, count)
         stats = await market.stats()
         out["scripts"] = scripts
