@@ -123,6 +123,9 @@ class SQLiteBackend(Backend):
         self, queue: str, max_messages: int, visibility_timeout: float | None
     ) -> list[Received]:
         if queue in self._came_empty and self._nothing_to_receive(queue):
+            # answered without the writer thread: yield once, or a loop polling an empty
+            # queue would never let the event loop run anything else (a producer, a timer)
+            await asyncio.sleep(0)
             return []
         got = await self._call(store.receive, queue, max_messages, visibility_timeout)
         if got:
