@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import pytest
 
