@@ -427,22 +427,20 @@ class AmqpAttention(AmqpTopics):
                 return
             pending, self._ticket_acks = self._ticket_acks, {}
             lanes = {id(lane): lane for entries in pending.values() for _, lane, _ in entries}
-            taken: set[int] = set()
-            for key, lane in lanes.items():
-                if await lane.sync_acks():
-                    taken.add(key)
-            for tq, entries in pending.items():
-                receipts = [
-                    r for r, lane, g in entries if id(lane) in taken and g == lane.generation
-                ]
-                if not receipts:
-                    continue
-                try:
-                    await self.store.ack(tq, receipts)
-                except Exception:  # its lease runs out; a slice then finds no message for it
-                    log.warning(
-                        "could not ack %d ticket(s) of %s", len(receipts), tq, exc_info=True
-                    )
+            # the lanes' round trips at once, then the ticket queues' acks at once
+            synced = await asyncio.gather(*(lane.sync_acks() for lane in lanes.values()))
+            taken = {key for key, ok in zip(lanes, synced, strict=True) if ok}
+            acks = {
+                tq: [r for r, lane, g in entries if id(lane) in taken and g == lane.generation]
+                for tq, entries in pending.items()
+            }
+            await asyncio.gather(*(self._ack_tickets_of(tq, r) for tq, r in acks.items() if r))
+
+    async def _ack_tickets_of(self, tq: str, receipts: list[str]) -> None:
+        try:
+            await self.store.ack(tq, receipts)
+        except Exception:  # its lease runs out; a slice then finds no message for it
+            log.warning("could not ack %d ticket(s) of %s", len(receipts), tq, exc_info=True)
 
     async def _flush_counts(self) -> None:
         await self._flush_ticket_acks()

@@ -192,7 +192,7 @@ class Feed:
             await ch.basic_qos(prefetch_count=n)
             ok = await ch.basic_consume(queue, delivered, no_ack=False)
         try:
-            await ch.basic_cancel(ok.consumer_tag)
+            await ch.basic_cancel(str(ok.consumer_tag))
         except BaseException:
             if not ch.is_closed:  # (a closed channel gave them back to the queue)
                 for message in got:
