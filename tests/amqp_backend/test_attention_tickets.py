@@ -218,13 +218,14 @@ async def test_a_slice_takes_its_messages_in_one_go(
     url: str, kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A slice's receive of n tickets takes their n messages with one short-lived consumer
-    (qos, consume, cancel), not n basic.gets, in the queue's order, each leased with its
-    ticket; and RabbitMQ delivers nothing more after the consumer's end."""
+    (qos, consume, cancel; the qos only when the lane's last one asked another count), not
+    n basic.gets, in the queue's order, each leased with its ticket; and RabbitMQ delivers
+    nothing more after the consumer's end."""
     option = "" if kind == "classic" else "&attention_queues=quorum"
     rpcs = _Rpcs(monkeypatch)
     async with await fairq.connect(url + option) as broker:
         a = await broker.declare_attention("market", plans={"basic": fairq.Plan(1, 100, 20.0)})
-        await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(30)])
+        await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(50)])
         queue = (await a.queue("k")).name
         s = await a._take(0)
         assert s is not None
@@ -233,18 +234,23 @@ async def test_a_slice_takes_its_messages_in_one_go(
         assert [m.body for m in msgs] == [str(i).encode() for i in range(20)]
         assert rpcs.calls == {"basic_qos": 1, "basic_consume": 1, "basic_cancel": 1}
         t = await tickets(broker, queue)
-        assert (t.visible, t.in_flight) == (10, 20), "a ticket leased per message"
-        assert (await broker.queue(queue).stats()).visible == 10, "it took no more than 20"
-        await asyncio.sleep(0.1)  # nothing arrives late for the cancelled consumer
+        assert (t.visible, t.in_flight) == (30, 20), "a ticket leased per message"
+        assert (await broker.queue(queue).stats()).visible == 30, "it took no more than 20"
+        rpcs.reset()
+        more, _ = await a._receive(s, 20, None)
+        assert [m.body for m in more] == [str(i).encode() for i in range(20, 40)]
+        assert rpcs.calls == {"basic_consume": 1, "basic_cancel": 1}, "the same prefetch"
+        await asyncio.sleep(0.1)  # nothing arrives late for the cancelled consumers
         assert (await broker.queue(queue).stats()).visible == 10
-        for m in msgs[:19]:
+        msgs += more
+        for m in msgs[:39]:
             await m.ack()
-        await msgs[19].nack()  # back at the tail, with its ticket
-        await a._end(s, 19, None)
+        await msgs[39].nack()  # back at the tail, with its ticket
+        await a._end(s, 39, None)
         t = await tickets(broker, queue)
         assert (t.visible, t.in_flight) == (11, 0)
         served = await serve(a, 20)
-        assert served == [str(i).encode() for i in (*range(20, 30), 19)]
+        assert served == [str(i).encode() for i in (*range(40, 50), 39)]
         t = await tickets(broker, queue)
         assert (t.visible, t.delayed, t.in_flight) == (0, 0, 0)
 

@@ -15,9 +15,10 @@ A *lane* is a feed that does not consume (``consume=False``): a channel that ask
 messages of any queue — attention slices use a few of them rather than a consumer per work
 queue (``attention.py``). It asks with ``basic.get``, one message a round trip (aiormq
 answers one ``basic.get`` of a channel at a time: a lock, one waiting future), or, for
-several messages at once, with ``take``: a consumer that lives for three round trips —
-``basic.qos`` (prefetch ``n``, for the consumers made after it), ``basic.consume``,
-``basic.cancel`` — and so receives at most ``n`` messages, those ready when it started;
+several messages at once, with ``take``: a consumer that lives for two or three round
+trips — ``basic.qos`` (prefetch ``n``, for the consumers made after it; skipped when the
+lane's last one set ``n``), ``basic.consume``, ``basic.cancel`` — and so receives at most
+``n`` messages, those ready when it started;
 everything delivered to it arrives before the broker's ``cancel-ok`` (AMQP 0-9-1: no
 message for a consumer after it), so nothing is left in flight when ``take`` returns.
 """
@@ -89,6 +90,9 @@ class Feed:
     _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: held while this channel's ``basic.qos`` is set for a consumer about to start (``take``)
     _qos: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: the channel whose last ``basic.qos`` set ``_qos_count`` (None: not known)
+    _qos_channel: Channel | None = None
+    _qos_count: int = 0
 
     @property
     def key(self) -> str:
@@ -170,7 +174,7 @@ class Feed:
         return got
 
     async def take(self, queue: str, n: int) -> list[Delivered]:
-        """Up to ``n`` ready messages of ``queue`` in three round trips, in the queue's order
+        """Up to ``n`` ready messages of ``queue`` in two or three round trips, in order
         (fewer: the queue had fewer ready). Each is unacked on this channel, as after a
         ``get``."""
         ch = await self.start()
@@ -189,7 +193,10 @@ class Feed:
             got.append(message)
 
         async with self._qos:  # no other basic.qos between this one and the consume
-            await ch.basic_qos(prefetch_count=n)
+            if self._qos_channel is not ch or self._qos_count != n:  # else one trip less:
+                self._qos_channel = None  # a slice's receives mostly ask as many
+                await ch.basic_qos(prefetch_count=n)
+                self._qos_channel, self._qos_count = ch, n
             ok = await ch.basic_consume(queue, delivered, no_ack=False)
         try:
             await ch.basic_cancel(str(ok.consumer_tag))
@@ -276,8 +283,11 @@ class Feed:
         if ch is None or not self.live():
             return False
         try:
-            async with self._qos:
-                await ch.basic_qos(prefetch_count=self.prefetch)
+            async with self._qos:  # any basic.qos will do: the prefetch it had
+                count = self._qos_count if self._qos_channel is ch else self.prefetch
+                self._qos_channel = None
+                await ch.basic_qos(prefetch_count=count)
+                self._qos_channel, self._qos_count = ch, count
         except Exception:
             log.debug("the channel of %s went away before its acks were confirmed", self.queue)
             return False
