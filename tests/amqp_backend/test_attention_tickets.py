@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -187,3 +188,125 @@ async def test_a_domain_of_shards(broker: fairq.Broker) -> None:
     while (s := await a._take(0)) is not None:
         served += await serve(a, s=s)
     assert sorted(served) == sorted(k.encode() for k in keys)
+
+
+class _Rpcs:
+    """Counts the AMQP methods the broker's channels send, by name (aiormq's Channel
+    wrapped for the test)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import aiormq.channel
+
+        self.calls: dict[str, int] = {}
+        for name in ("basic_get", "basic_consume", "basic_cancel", "basic_qos"):
+            original = getattr(aiormq.channel.Channel, name)
+            monkeypatch.setattr(aiormq.channel.Channel, name, self._counted(name, original))
+
+    def _counted(self, name: str, original: Any) -> Any:
+        async def counted(ch: Any, *args: Any, **kwargs: Any) -> Any:
+            self.calls[name] = self.calls.get(name, 0) + 1
+            return await original(ch, *args, **kwargs)
+
+        return counted
+
+    def reset(self) -> None:
+        self.calls.clear()
+
+
+@pytest.mark.parametrize("kind", ["classic", "quorum"])
+async def test_a_slice_takes_its_messages_in_one_go(
+    url: str, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slice's receive of n tickets takes their n messages with one short-lived consumer
+    (qos, consume, cancel; the qos only when the lane's last one asked another count), not
+    n basic.gets, in the queue's order, each leased with its ticket; and RabbitMQ delivers
+    nothing more after the consumer's end."""
+    option = "" if kind == "classic" else "&attention_queues=quorum"
+    rpcs = _Rpcs(monkeypatch)
+    async with await fairq.connect(url + option) as broker:
+        a = await broker.declare_attention("market", plans={"basic": fairq.Plan(1, 100, 20.0)})
+        await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(50)])
+        queue = (await a.queue("k")).name
+        s = await a._take(0)
+        assert s is not None
+        rpcs.reset()
+        msgs, _ = await a._receive(s, 20, None)
+        assert [m.body for m in msgs] == [str(i).encode() for i in range(20)]
+        assert rpcs.calls == {"basic_qos": 1, "basic_consume": 1, "basic_cancel": 1}
+        t = await tickets(broker, queue)
+        assert (t.visible, t.in_flight) == (30, 20), "a ticket leased per message"
+        assert (await broker.queue(queue).stats()).visible == 30, "it took no more than 20"
+        rpcs.reset()
+        more, _ = await a._receive(s, 20, None)
+        assert [m.body for m in more] == [str(i).encode() for i in range(20, 40)]
+        assert rpcs.calls == {"basic_consume": 1, "basic_cancel": 1}, "the same prefetch"
+        await asyncio.sleep(0.1)  # nothing arrives late for the cancelled consumers
+        assert (await broker.queue(queue).stats()).visible == 10
+        msgs += more
+        for m in msgs[:39]:
+            await m.ack()
+        await msgs[39].nack()  # back at the tail, with its ticket
+        await a._end(s, 39, None)
+        t = await tickets(broker, queue)
+        assert (t.visible, t.in_flight) == (11, 0)
+        served = await serve(a, 20)
+        assert served == [str(i).encode() for i in (*range(40, 50), 39)]
+        t = await tickets(broker, queue)
+        assert (t.visible, t.delayed, t.in_flight) == (0, 0, 0)
+
+
+async def test_tickets_beyond_the_messages_look_one_by_one(
+    broker: fairq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """More tickets than messages (a publisher died between its two steps): the consumer
+    takes what is there, the tickets left look with basic.get and go back as misses."""
+    a = await broker.declare_attention("market")
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(3)])
+    queue = (await a.queue("k")).name
+    store = broker.backend.store  # type: ignore[attr-defined]
+    await store.send(tickets_of(queue), [Envelope(b"0", {}), Envelope(b"0", {})])
+    rpcs = _Rpcs(monkeypatch)
+    s = await a._take(0)
+    assert s is not None
+    msgs, _ = await a._receive(s, 10, None)
+    assert [m.body for m in msgs] == [b"0", b"1", b"2"]
+    assert rpcs.calls["basic_consume"] == 1
+    assert rpcs.calls["basic_get"] == 1, "the first ticket left finds the queue empty"
+    t = await tickets(broker, queue)
+    assert (t.in_flight, t.visible + t.delayed) == (3, 2), "the two missed tickets are back"
+    for m in msgs:
+        await m.ack()
+    await a._end(s, 3, None)
+
+
+async def test_a_cancelled_receive_gives_its_messages_back(
+    broker: fairq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slice cancelled while its consumer runs: what the consumer took goes back to the
+    queue (nacked on the lane), the tickets' leases run out as for any lost slice."""
+    import aiormq.channel
+
+    a = await broker.declare_attention("market")
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(10)])
+    queue = (await a.queue("k")).name
+    consuming = asyncio.Event()
+    consume = aiormq.channel.Channel.basic_consume
+
+    async def basic_consume(ch: Any, *args: Any, **kwargs: Any) -> Any:
+        consuming.set()
+        return await consume(ch, *args, **kwargs)
+
+    monkeypatch.setattr(aiormq.channel.Channel, "basic_consume", basic_consume)
+    s = await a._take(0)
+    assert s is not None
+    task = asyncio.create_task(a._receive(s, 10, None))
+    await consuming.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):
+        st = await broker.queue(queue).stats()
+        if st.visible == 10:
+            break
+        await asyncio.sleep(0.02)
+    assert st.visible == 10

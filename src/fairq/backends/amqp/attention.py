@@ -95,6 +95,7 @@ _FRESH = 1.0  # seconds after its due time a ticket's message may still be on it
 _FRESH_WAIT = 0.1  # seconds a slice waits for such a message, looking more and more rarely
 _UNTICKET_LEASE = 5.0
 _LANES = 8  # channels that ask for attention work (a key always uses the same one)
+_TAKE_FROM = 3  # tickets a slice's receive takes with a consumer (take: 3 round trips)
 
 
 class AmqpAttention(AmqpTopics):
@@ -322,24 +323,43 @@ class AmqpAttention(AmqpTopics):
         out: list[Received] = []
         spent: list[str] = []  # tickets whose message was dead-lettered instead
         missed: list[Received] = []
-        for i, held in enumerate(tickets):
-            got = await lane.get(queue)
-            if got is None and self._fresh(held):
-                got = await self._wait_for(lane, queue)
-            if got is None:
-                missed = tickets[i:]
-                break
-            received = await self._lease(lane, config, got, vt, queue)
-            if received is None:
-                spent.append(held.receipt)
-                continue
-            self._leases[received.receipt].ticket = held.receipt
-            out.append(received)
+        # several tickets: their messages in one go (a consumer of prefetch len(tickets)
+        # for three round trips); the tickets left without a message look one by one
+        taken = await lane.take(queue, len(tickets)) if len(tickets) >= _TAKE_FROM else []
+        try:
+            for i, held in enumerate(tickets):
+                got = taken[i] if i < len(taken) else await lane.get(queue)
+                if got is None and self._fresh(held):
+                    got = await self._wait_for(lane, queue)
+                if got is None:
+                    missed = tickets[i:]
+                    break
+                received = await self._lease(lane, config, got, vt, queue)
+                if received is None:
+                    spent.append(held.receipt)
+                    continue
+                self._leases[received.receipt].ticket = held.receipt
+                out.append(received)
+        except BaseException:
+            self._untaken(lane, taken, len(out) + len(spent))
+            raise
         if spent:
             await self.store.ack(tq, spent)
         if missed:
             await self._missed(tq, missed)
         return out, None
+
+    @staticmethod
+    def _untaken(lane: Feed, taken: list[Any], used: int) -> None:
+        """A slice's receive failed: the messages it took and did not lease go back (the
+        one whose lease failed midway only if its delivery is still unsettled)."""
+        ch = lane.channel
+        if ch is None or not lane.live():
+            return  # the broker gave them back with the channel
+        for message in taken[used:]:
+            tag = int(message.delivery.delivery_tag)
+            if tag in lane.unsettled:  # not leased: a lease is made last in _lease
+                lane.give_back(ch, tag)
 
     def _fresh(self, ticket: Received) -> bool:
         """A first look at a ticket that came due a moment ago: its publish may be on its way."""
@@ -407,22 +427,20 @@ class AmqpAttention(AmqpTopics):
                 return
             pending, self._ticket_acks = self._ticket_acks, {}
             lanes = {id(lane): lane for entries in pending.values() for _, lane, _ in entries}
-            taken: set[int] = set()
-            for key, lane in lanes.items():
-                if await lane.sync_acks():
-                    taken.add(key)
-            for tq, entries in pending.items():
-                receipts = [
-                    r for r, lane, g in entries if id(lane) in taken and g == lane.generation
-                ]
-                if not receipts:
-                    continue
-                try:
-                    await self.store.ack(tq, receipts)
-                except Exception:  # its lease runs out; a slice then finds no message for it
-                    log.warning(
-                        "could not ack %d ticket(s) of %s", len(receipts), tq, exc_info=True
-                    )
+            # the lanes' round trips at once, then the ticket queues' acks at once
+            synced = await asyncio.gather(*(lane.sync_acks() for lane in lanes.values()))
+            taken = {key for key, ok in zip(lanes, synced, strict=True) if ok}
+            acks = {
+                tq: [r for r, lane, g in entries if id(lane) in taken and g == lane.generation]
+                for tq, entries in pending.items()
+            }
+            await asyncio.gather(*(self._ack_tickets_of(tq, r) for tq, r in acks.items() if r))
+
+    async def _ack_tickets_of(self, tq: str, receipts: list[str]) -> None:
+        try:
+            await self.store.ack(tq, receipts)
+        except Exception:  # its lease runs out; a slice then finds no message for it
+            log.warning("could not ack %d ticket(s) of %s", len(receipts), tq, exc_info=True)
 
     async def _flush_counts(self) -> None:
         await self._flush_ticket_acks()

@@ -11,9 +11,16 @@ on the same channel: deliveries the broker had already sent this consumer arrive
 second answer (a channel's frames keep their order), so an empty receive means the queue
 has nothing visible for this process, not "still in flight".
 
-A *lane* is a feed that does not consume (``consume=False``): a channel that only asks
-(``basic.get``) for the messages of any queue — attention slices use a few of them rather
-than a consumer per work queue (``attention.py``).
+A *lane* is a feed that does not consume (``consume=False``): a channel that asks for the
+messages of any queue — attention slices use a few of them rather than a consumer per work
+queue (``attention.py``). It asks with ``basic.get``, one message a round trip (aiormq
+answers one ``basic.get`` of a channel at a time: a lock, one waiting future), or, for
+several messages at once, with ``take``: a consumer that lives for two or three round
+trips — ``basic.qos`` (prefetch ``n``, for the consumers made after it; skipped when the
+lane's last one set ``n``), ``basic.consume``, ``basic.cancel`` — and so receives at most
+``n`` messages, those ready when it started;
+everything delivered to it arrives before the broker's ``cancel-ok`` (AMQP 0-9-1: no
+message for a consumer after it), so nothing is left in flight when ``take`` returns.
 """
 
 from __future__ import annotations
@@ -81,6 +88,11 @@ class Feed:
     returning: dict[str, float] = field(default_factory=dict)
     returned: asyncio.Event = field(default_factory=asyncio.Event)
     _starting: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: held while this channel's ``basic.qos`` is set for a consumer about to start (``take``)
+    _qos: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: the channel whose last ``basic.qos`` set ``_qos_count`` (None: not known)
+    _qos_channel: Channel | None = None
+    _qos_count: int = 0
 
     @property
     def key(self) -> str:
@@ -161,14 +173,66 @@ class Feed:
         self.unsettled.add(int(got.delivery.delivery_tag or 0))  # type: ignore[union-attr]
         return got
 
+    async def take(self, queue: str, n: int) -> list[Delivered]:
+        """Up to ``n`` ready messages of ``queue`` in two or three round trips, in order
+        (fewer: the queue had fewer ready). Each is unacked on this channel, as after a
+        ``get``."""
+        ch = await self.start()
+        task = asyncio.ensure_future(self._take(ch, queue, n))
+        try:  # as in get: the channel's RPCs run to their end, cancelled or not
+            with driver_errors(f"receiving from queue {queue!r}", self.link.url.masked):
+                return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(lambda t: self._orphans(t, ch))
+            raise
+
+    async def _take(self, ch: Channel, queue: str, n: int) -> list[Delivered]:
+        got: list[Delivered] = []
+
+        async def delivered(message: Delivered) -> None:
+            got.append(message)
+
+        async with self._qos:  # no other basic.qos between this one and the consume
+            if self._qos_channel is not ch or self._qos_count != n:  # else one trip less:
+                self._qos_channel = None  # a slice's receives mostly ask as many
+                await ch.basic_qos(prefetch_count=n)
+                self._qos_channel, self._qos_count = ch, n
+            ok = await ch.basic_consume(queue, delivered, no_ack=False)
+        try:
+            await ch.basic_cancel(str(ok.consumer_tag))
+        except BaseException:
+            if not ch.is_closed:  # (a closed channel gave them back to the queue)
+                for message in got:
+                    self.give_back(ch, int(message.delivery.delivery_tag))
+            raise
+        # aiormq runs a consumer callback as a task made when its frame is read, so those
+        # of the deliveries before cancel-ok were scheduled before this call's answer: one
+        # pass of the loop and they have all run
+        await asyncio.sleep(0)
+        for message in got:
+            self.unsettled.add(int(message.delivery.delivery_tag))
+        return got
+
+    def _orphans(self, task: asyncio.Future[list[Delivered]], ch: Channel) -> None:
+        """A ``take`` nobody waits for any more: what it brought goes back to the queue."""
+        if task.cancelled() or task.exception() is not None or ch is not self.channel:
+            return
+        for message in task.result():
+            self.give_back(ch, int(message.delivery.delivery_tag))
+
+    def give_back(self, ch: Channel, tag: int) -> None:
+        """Nack delivery ``tag`` back to its queue, in the background (nobody leased it)."""
+        self.unsettled.discard(tag)
+        task = asyncio.ensure_future(ch.basic_nack(tag, requeue=True))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
     def _orphan(self, task: asyncio.Future[Delivered], ch: Channel) -> None:
         if task.cancelled() or task.exception() is not None:
             return
         got = task.result()
         if not isinstance(got.delivery, spec.Basic.GetEmpty) and ch is self.channel:
             if not self.consume:  # a lane holds nothing for later: back it goes
-                task = asyncio.ensure_future(ch.basic_nack(got.delivery.delivery_tag, requeue=True))
-                task.add_done_callback(lambda t: t.cancelled() or t.exception())
+                self.give_back(ch, got.delivery.delivery_tag)
                 return
             self.unsettled.add(got.delivery.delivery_tag)
             self.held.appendleft(got)
@@ -219,7 +283,11 @@ class Feed:
         if ch is None or not self.live():
             return False
         try:
-            await ch.basic_qos(prefetch_count=self.prefetch)
+            async with self._qos:  # any basic.qos will do: the prefetch it had
+                count = self._qos_count if self._qos_channel is ch else self.prefetch
+                self._qos_channel = None
+                await ch.basic_qos(prefetch_count=count)
+                self._qos_channel, self._qos_count = ch, count
         except Exception:
             log.debug("the channel of %s went away before its acks were confirmed", self.queue)
             return False
