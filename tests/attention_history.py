@@ -8,12 +8,30 @@ PL/pgSQL) is refereed by it."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import fairq
 from fairq.model.attention import Plan
+
+
+@contextlib.asynccontextmanager
+async def paired(url: str) -> AsyncIterator[tuple[list[fairq.Broker], fairq.ManualClock]]:
+    """The memory backend (the reference) and a broker on ``url``, under one manual clock."""
+    clock = fairq.ManualClock()
+    brokers = [
+        await fairq.connect("memory://", clock=clock),
+        await fairq.connect(url, clock=clock),
+    ]
+    try:
+        yield brokers, clock
+    finally:
+        for b in brokers:
+            await b.close()
+
 
 PLANS = {
     "basic": Plan(1, 4, 60.0),

@@ -9,26 +9,15 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
 import fairq
-from attention_history import history
+from attention_history import history, paired
 from fairq.backends import attention_policy as policy
 from fairq.backends.postgres.connection import parse_url
 from fairq.model.attention import Plan
-from services import drop_namespace, pg_url
-from services import require as _require
-
-
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    _require("postgres")
-    made = pg_url()
-    yield made
-    drop_namespace(made)
 
 
 @pytest.mark.parametrize(
@@ -49,16 +38,8 @@ async def url() -> AsyncIterator[str]:
 async def test_postgres_takes_the_slices_the_memory_backend_takes(
     url: str, seed: int, charge: str
 ) -> None:
-    clock = fairq.ManualClock()
-    brokers = [
-        await fairq.connect("memory://", clock=clock),
-        await fairq.connect(url, clock=clock),
-    ]
-    try:
+    async with paired(url) as (brokers, clock):
         await history(brokers, clock, seed, charge)
-    finally:
-        for b in brokers:
-            await b.close()
 
 
 async def test_the_plpgsql_next_permit_is_the_python_one(url: str) -> None:

@@ -5,7 +5,6 @@ tenants' stats over HTTP."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -14,16 +13,6 @@ import pytest
 import fairq
 from fairq.backends.postgres import migrate
 from fairq.model.attention import SignalHint
-from services import drop_namespace, pg_url
-from services import require as _require
-
-
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    _require("postgres")
-    made = pg_url()
-    yield made
-    drop_namespace(made)
 
 
 async def _raw(url: str) -> psycopg.AsyncConnection[Any]:

@@ -8,14 +8,12 @@ import asyncio
 import os
 import sys
 import textwrap
-from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
 
 import fairq
-from services import PG_SERVER, drop_namespace, pg_database, pg_url
-from services import require as _require
+from services import PG_SERVER, pg_database
 
 _PUBLISHER = textwrap.dedent(
     """
@@ -32,14 +30,6 @@ _PUBLISHER = textwrap.dedent(
     asyncio.run(main(sys.argv[1]))
     """
 )
-
-
-@pytest.fixture
-async def url() -> AsyncIterator[str]:
-    _require("postgres")
-    made = pg_url()
-    yield made
-    drop_namespace(made)
 
 
 async def test_listen_hears_another_process(url: str) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 import fairq
-from attention_history import history
+from attention_history import history, paired
 from fairq.backends import attention_policy as policy
 from fairq.model.attention import Plan
 from redis_servers import drop_prefix, service_up
@@ -199,16 +199,8 @@ async def test_redis_takes_the_slices_the_memory_backend_takes(
     """One manual clock drives both; every take must find the same key (the memory
     backend runs attention_policy.py: a different virtual time, estimate, turn or charge
     on Redis shows up as another tenant or key going next)."""
-    clock = fairq.ManualClock()
-    brokers = [
-        await fairq.connect("memory://", clock=clock),
-        await fairq.connect(redis_url, clock=clock),
-    ]
-    try:
+    async with paired(redis_url) as (brokers, clock):
         await history(brokers, clock, seed, charge)
-    finally:
-        for b in brokers:
-            await b.close()
 
 
 async def test_delete_attention_leaves_none_of_its_keys(redis_url: str, client: Any) -> None:
@@ -288,12 +280,7 @@ async def test_pending_signals_follow_a_delayed_signal_pulled_forward(redis_url:
     """A key whose only signal is delayed, then sent an immediate message: the delayed
     signal is pulled forward (replaced by a ready one); Redis's running count of pending
     signals must say what the memory backend counts at every step."""
-    clock = fairq.ManualClock()
-    brokers = [
-        await fairq.connect("memory://", clock=clock),
-        await fairq.connect(redis_url, clock=clock),
-    ]
-    try:
+    async with paired(redis_url) as (brokers, _clock):
         domains = [await b.declare_attention("pulled") for b in brokers]
 
         async def pending() -> list[int]:
@@ -308,9 +295,6 @@ async def test_pending_signals_follow_a_delayed_signal_pulled_forward(redis_url:
         got = [await a._take(0) for a in domains]
         assert [s.key if s else None for s in got] == ["k", "k"]
         assert await pending() == [0, 0]
-    finally:
-        for b in brokers:
-            await b.close()
 
 
 async def test_key_and_tenant_stats_read_the_backlog_in_chunks(
@@ -322,12 +306,7 @@ async def test_key_and_tenant_stats_read_the_backlog_in_chunks(
     from fairq.backends.redis.attention_stats import AttentionReads
 
     monkeypatch.setattr(AttentionReads, "STATS_CHUNK", 4)
-    clock = fairq.ManualClock()
-    brokers = [
-        await fairq.connect("memory://", clock=clock),
-        await fairq.connect(redis_url, clock=clock),
-    ]
-    try:
+    async with paired(redis_url) as (brokers, _clock):
         domains = [await b.declare_attention("chunked") for b in brokers]
         # 160 keys, 128 with backlog: more than a set Redis keeps as one listpack (which
         # SSCAN returns whole, whatever COUNT says)
@@ -346,6 +325,3 @@ async def test_key_and_tenant_stats_read_the_backlog_in_chunks(
         monkeypatch.setattr(AttentionReads, "STATS_SCAN", 8)  # 2 chunks of 4 at most
         sample = await domains[1].tenant_stats()
         assert 0 < sum(t.keys for t in sample) < sum(t.keys for t in tenants[1])
-    finally:
-        for b in brokers:
-            await b.close()
