@@ -103,7 +103,8 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
     runs = sorted(doc["runs"], key=lambda r: not r["label"].startswith("before"))
     fig, axes = plt.subplots(1, 5, figsize=(22, 4.8))
     labels = [r["label"] for r in runs]
-    colors = ["#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728"][: len(runs)]
+    palette = ["#9e9e9e", "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"]
+    colors = [palette[i % len(palette)] for i in range(len(runs))]  # any number of runs
 
     def bars(
         ax: Any, title: str, groups: list[str], values: list[list[float] | None], fmt: str
