@@ -7,6 +7,8 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from .plot import save
+
 STRATEGIES = {
     "a": "one shared queue",
     "b": "10 grouped queues",
@@ -291,11 +293,7 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
         f"of {'/'.join(sorted({str(r.get('runs', 1)) for r in rows}))} runs)",
         fontsize=10,
     )
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(fig, out)
 
 
 def markdown(doc: dict[str, Any]) -> str:

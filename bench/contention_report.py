@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .plot import save
+
 WORKERS = 4  # worker slots of every scenario
 BURSTS = {  # the burst's result names -> (cross-process publisher, one shared queue)
     "burst_in_process": (False, False),
@@ -187,8 +189,4 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
         f"{WORKERS} workers, 1 ms handlers)",
         fontsize=10,
     )
-    fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(fig, out)

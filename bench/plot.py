@@ -107,6 +107,13 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
         f"SQLite {m['sqlite']}",
         fontsize=10,
     )
+    return save(fig, out)
+
+
+def save(fig: Any, out: Path) -> Path:
+    """Lay ``fig`` out, write it to ``out`` as a PNG (the benches' one resolution) and free it."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
