@@ -13,7 +13,10 @@ from another process, and an idle waiter costs nothing between commits; where in
 not available it is checked every 20 ms instead.
 
 URL options: ``synchronous=normal`` (default; WAL, survives any process crash) or
-``full`` (also survives power loss), ``busy_timeout=<seconds>`` (default 10).
+``full`` (also survives power loss), ``busy_timeout=<seconds>`` (default 10),
+``page_size=<bytes>`` (a power of two from 512 to 65536, for a file created by this
+connection; SQLite's 4096 otherwise — smaller pages make one-message commits cheaper and
+big batches and big bodies dearer, docs/backends.md#sqlite).
 """
 
 from __future__ import annotations
@@ -62,6 +65,21 @@ _NOTHING_TO_RECEIVE = (
 )
 
 
+def _page_size(text: str | None) -> int | None:
+    """The ``page_size`` URL option: None, or a power of two from 512 to 65536."""
+    if text is None:
+        return None
+    try:
+        size = int(text)
+    except ValueError:
+        size = 0
+    if not 512 <= size <= 65536 or size & (size - 1):
+        raise InvalidOption(
+            f"page_size must be a power of two from 512 to 65536 (bytes), got {text!r}"
+        )
+    return size
+
+
 class SQLiteBackend(Backend):
     """See the module docstring."""
 
@@ -78,9 +96,10 @@ class SQLiteBackend(Backend):
             busy_timeout = float(options.pop("busy_timeout", "10"))
         except ValueError as exc:
             raise InvalidOption("busy_timeout must be a number of seconds") from exc
+        page_size = _page_size(options.pop("page_size", None))
         if options:
             raise InvalidOption(f"unknown sqlite URL options: {', '.join(sorted(options))}")
-        self._writer = Writer(path, sync.upper(), busy_timeout, clock, self.wakeups)
+        self._writer = Writer(path, sync.upper(), busy_timeout, clock, self.wakeups, page_size)
         self._call = self._writer.call
         self._pulse_version: int | None = None
         self._watch: WalWatch | None = None  # opened at the first wait, kept until close

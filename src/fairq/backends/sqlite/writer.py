@@ -122,8 +122,10 @@ class Writer:
         busy_timeout: float,
         clock: Clock,
         wakeups: Wakeups,
+        page_size: int | None = None,
     ) -> None:
         self.path = path
+        self._page_size = page_size  # for a file this writer creates (None: SQLite's 4096)
         self.clock = clock
         self.wakeups = wakeups
         self._synchronous = synchronous
@@ -144,11 +146,13 @@ class Writer:
         self.yields = 0  # times this writer yielded its next transaction to a waiter
 
     # -- lifecycle -------------------------------------------------------------------------
-    def _connect(self, busy_ms: int) -> sqlite3.Connection:
+    def _connect(self, busy_ms: int, page_size: int | None = None) -> sqlite3.Connection:
         conn = sqlite3.connect(
             self.path, isolation_level=None, timeout=busy_ms / 1000, check_same_thread=False
         )
         conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+        if page_size is not None:  # takes effect only while the file is still empty
+            conn.execute(f"PRAGMA page_size = {int(page_size)}")
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         conn.execute("PRAGMA temp_store = MEMORY")
@@ -217,8 +221,17 @@ class Writer:
             self.conn.execute("PRAGMA wal_autocheckpoint = 1000")
 
     def _open_conn(self) -> sqlite3.Connection:
-        conn = self._connect(int(self._busy_timeout * 1000))
+        conn = self._connect(int(self._busy_timeout * 1000), self._page_size)
         try:
+            if self._page_size is not None:
+                (size,) = conn.execute("PRAGMA page_size").fetchone()
+                if size != self._page_size:
+                    log.warning(
+                        "%s keeps the page size it was created with (%d bytes, not %d)",
+                        self.path,
+                        size,
+                        self._page_size,
+                    )
             apply_schema(conn)
         except BaseException:
             conn.close()
