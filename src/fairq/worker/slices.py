@@ -278,9 +278,7 @@ class SliceRuntime(Runtime):
             self._slices.pop(s.token, None)
             last = acks.take_unsent()  # before any await: the end carries them
             try:
-                await asyncio.shield(
-                    self._finish_slice(c, s, acks, last, handled, retry_at, ahead)
-                )
+                await asyncio.shield(self._finish_slice(c, s, acks, last, handled, retry_at, ahead))
             except Exception as exc:  # the token's lease frees it anyway
                 log.warning("could not end the slice of %s/%s: %s", s.domain, s.key, exc)
 
