@@ -4,10 +4,12 @@ which handle a key's messages one after another within its plan, then end the sl
 A slice acks each message as it finishes — in the background, coalesced: one ack call in
 flight per slice, and what finishes meanwhile rides in the next one — and ends only once
 its acks have landed. It leases about ``_PREFETCH`` seconds of work at a time (from the
-handler's measured duration, 1 to ``_SLICE_BATCH`` messages) and lets at most twice that
-many handled messages wait for their ack (when acks are slower than handlers, it waits for
-them), so a worker killed mid-slice leaves little leased: a few handled-but-unacked and
-not-yet-started messages, about what a queue consumer of the same concurrency leaves.
+handler's measured duration, 1 to ``_SLICE_BATCH`` messages), the next batch's receive
+started as a batch's handlers start (its round trips run while they do), and lets at most
+twice that many handled messages wait for their ack (when acks are slower than handlers, it
+waits for them), so a worker killed mid-slice leaves little leased: a few handled-but-unacked
+and not-yet-started messages (two batches at most), about what a queue consumer of the same
+concurrency leaves.
 """
 
 from __future__ import annotations
