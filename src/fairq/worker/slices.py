@@ -27,9 +27,11 @@ from .runtime import Runtime
 
 log = logging.getLogger("fairq.worker")
 
-_SLICE_BATCH = 32  # the most messages a slice leases at a time
+_SLICE_BATCH = 128  # the most messages a slice leases at a time
 _PREFETCH = 0.002  # seconds of handling a slice leases ahead (at least one message)
 _HANDLE_EWMA = 0.2  # how fast the measured handler duration follows new ones
+#: seconds of handlers that never wait after which a slice lets its next receive go on
+_YIELD_EVERY = 0.0005
 
 
 class _Acks:
@@ -247,7 +249,8 @@ class SliceRuntime(Runtime):
                     break
                 more = s.plan.max_messages - handled - len(runs)
                 expect = (c.handle_time or 0.0) * len(runs)
-                if more > 0 and loop.time() + expect < deadline and not self._stopping.is_set():
+                pause = loop.time()  # handlers that never wait give the receive a turn
+                if more > 0 and pause + expect < deadline and not self._stopping.is_set():
                     ahead = asyncio.create_task(
                         self._receive_runs(c, s, min(more, batch)), name="fairq-slice-receive"
                     )
@@ -256,9 +259,10 @@ class SliceRuntime(Runtime):
                         if loop.time() >= deadline or self._stopping.is_set():
                             await self._give_back([r.msg for r in runs[i:]])
                             break
-                        if ahead is not None and not ahead.done():
-                            await asyncio.sleep(0)  # the next receive's round trips go on
                         started = loop.time()
+                        if ahead is not None and started >= pause and not ahead.done():
+                            await asyncio.sleep(0)  # the next receive's round trips go on
+                            pause = started + _YIELD_EVERY
                         ok = await self._invoke(c, run.msg)
                         took = loop.time() - started
                         c.handle_time = (
