@@ -110,6 +110,7 @@ class _Round:
     done: asyncio.Future[None]
     task: asyncio.Task[None] | None = None  # (held: the loop keeps only weak references)
     hurried: bool = False  # someone waits for it: no more waiting for the lanes' answers
+    number: int = 0  # rounds are numbered from 1, and end in that order
 
 
 class AmqpAttention(AmqpTopics):
@@ -121,10 +122,15 @@ class AmqpAttention(AmqpTopics):
         self._domains: dict[str, tuple[AttentionConfig, float]] = {}
         self._ticketed: dict[str, tuple[bool, float]] = {}
         self._slice_queues: dict[str, str] = {}  # slice token -> work queue
+        #: slice token -> its lane, when the key's slices may run side by side (else the
+        #: key's own lane, ``_lane``)
+        self._slice_lanes: dict[str, Feed] = {}
         #: ticket queue -> (receipt, the lane its message was acked on, its generation)
         self._ticket_acks: dict[str, list[tuple[str, Feed, int]]] = {}
         #: the round of ticket acks on its way: its ticket queues, lanes, and its end
         self._round: _Round | None = None
+        self._rounds_started = 0
+        self._rounds_done = 0
         self._lanes: list[Feed] = []
 
     async def close(self) -> None:
@@ -302,11 +308,16 @@ class AmqpAttention(AmqpTopics):
             return None
         queue = got.queue.removeprefix(topology.RESERVED)
         self._slice_queues[got.token] = queue
+        if got.plan.max_concurrency > 1:  # no order to keep between its slices
+            self._slice_lanes[got.token] = self._lane(f"{queue}\0{got.token}")
         return replace(got, queue=queue)
 
     def _lane(self, queue: str) -> Feed:
         """The channel that asks for ``queue``'s messages: always the same one for a queue, so
-        a nack and the next look at the queue keep their order."""
+        a nack and the next look at the queue keep their order — for a key whose plan lets
+        several slices run at once (no order between them to keep), one per slice instead
+        (``attention_take``): an AMQP channel answers one ``basic.get`` at a time, and one
+        lane would make that key's slices wait for each other's."""
         if not self._lanes:
             self._lanes = [
                 Feed(f"lane:{i}", self.link, 0, self._delivered, consume=False)
@@ -332,7 +343,7 @@ class AmqpAttention(AmqpTopics):
         tq = tickets[0].queue
         queue = tq.removeprefix(topology.RESERVED)
         config = await self._config(queue)
-        lane = self._lane(queue)
+        lane = self._slice_lanes.get(token) or self._lane(queue)
         out: list[Received] = []
         spent: list[str] = []  # tickets whose message was dead-lettered instead
         missed: list[Received] = []
@@ -408,6 +419,7 @@ class AmqpAttention(AmqpTopics):
         self, domain: str, token: str, processed: int, retry_at: float | None
     ) -> None:
         queue = self._slice_queues.pop(token, None)
+        self._slice_lanes.pop(token, None)
         # the end sees what the slice has acked (its key's tickets: other keys' acks on their
         # way are not waited for)
         await self._flush_ticket_acks(None if queue is None else tickets_of(queue))
@@ -432,7 +444,9 @@ class AmqpAttention(AmqpTopics):
         pending, self._ticket_acks = self._ticket_acks, {}
         lanes = {id(lane): lane for entries in pending.values() for _, lane, _ in entries}
         done = asyncio.get_running_loop().create_future()
+        self._rounds_started += 1
         r = self._round = _Round(set(pending), list(lanes.values()), done)
+        r.number = self._rounds_started
         r.task = asyncio.create_task(self._ack_round(pending, r, patience), name="fairq-tickets")
         return r
 
@@ -459,6 +473,7 @@ class AmqpAttention(AmqpTopics):
             log.warning("could not ack tickets", exc_info=True)
         finally:
             self._round = None
+            self._rounds_done = r.number
             if not r.done.done():
                 r.done.set_result(None)
             if self._ticket_acks:
@@ -466,21 +481,23 @@ class AmqpAttention(AmqpTopics):
 
     async def _flush_ticket_acks(self, tq: str | None = None) -> None:
         """Wait until the tickets of the messages acked so far (those of ticket queue
-        ``tq``; default: all) are acked in the store, hurrying the round that carries them."""
-        while True:
+        ``tq``; default: all) are acked in the store, hurrying the rounds that carry them —
+        at most the round on its way and the next, whatever is acked meanwhile."""
+        r = self._round
+        if self._ticket_acks if tq is None else tq in self._ticket_acks:
+            need = self._rounds_started + 1  # the next round carries them
+        elif r is not None and (tq is None or tq in r.queues):
+            need = r.number
+        else:
+            return
+        while self._rounds_done < need:
             r = self._round
-            if r is not None and (tq is None or tq in r.queues):
-                r.hurried = True
-                for lane in r.lanes:
-                    lane.hurry()
-                await asyncio.shield(r.done)
-                continue
-            if not (self._ticket_acks if tq is None else tq in self._ticket_acks):
-                return
             if r is None:
                 r = self._start_round(0.0)
-            else:  # the next round carries them
-                await asyncio.shield(r.done)
+            r.hurried = True
+            for lane in r.lanes:
+                lane.hurry()
+            await asyncio.shield(r.done)
 
     async def _ack_tickets_of(self, tq: str, receipts: list[str]) -> None:
         try:
