@@ -262,6 +262,7 @@ class SliceRuntime(Runtime):
                         started = loop.time()
                         if ahead is not None and started >= pause and not ahead.done():
                             await asyncio.sleep(0)  # the next receive's round trips go on
+                            started = loop.time()  # (what ran meanwhile is not the handler's)
                             pause = started + _YIELD_EVERY
                         ok = await self._invoke(c, run.msg)
                         took = loop.time() - started
