@@ -569,6 +569,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--markdown", action="store_true", help="only print the acceptance table from the JSON"
     )
+    parser.add_argument(
+        "--json",
+        help="write the results to this file instead of bench/results/ (and draw no plot)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--private-server", action="store_true", help=argparse.SUPPRESS)
@@ -589,7 +593,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         engine = Engine(args.backend, args.url or "", args.private_server, args.store or "")
         return _child(args.child, sc, engine, args.out)
-    path = results_path(args.backend, args.quick, scale_as)
+    path = Path(args.json) if args.json else results_path(args.backend, args.quick, scale_as)
     if args.plot:
         print(plot(json.loads(path.read_text()), png_path(DOCS, args.backend, scale_as)))
         return 0
@@ -638,7 +642,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     doc["checks"] = [{"text": t, "holds": ok} for t, ok in found]
     path.write_text(json.dumps(doc, indent=2))
     console.print(f"results: {path}")
-    if not args.quick and any(r["strategy"] in SCENARIO for r in doc["results"]):
+    if not (args.quick or args.json) and any(r["strategy"] in SCENARIO for r in doc["results"]):
         console.print(f"plot: {plot(doc, png_path(DOCS, args.backend, scale_as))}")
     if under_contention:
         return contention.main(more)

@@ -167,8 +167,9 @@ async def test_a_killed_attention_worker_loses_nothing(amqp_url: str) -> None:
             left.append(await leased() - before)
         # the dead worker's tickets stay leased until their lease ends; its messages are back
         # in RabbitMQ at once (its connection closed). What a kill leaves is bounded by what
-        # its 4 slices can hold: each leases at most _SLICE_BATCH ahead (fewer the slower its
-        # handler: ~2 ms of handling) plus the handled ones whose ticket acks were in flight —
+        # its 4 slices can hold: each leases ~2 ms of handling at a time (1 ms handlers: a
+        # message or two; never more than _SLICE_BATCH), the next lease taken as the one
+        # before starts, plus the handled ones whose ticket acks were in flight —
         # never the 4 slices' whole plans (200), never the backlog (2,000). ~20 under load.
         assert all(n <= 4 * _SLICE_BATCH for n in left), f"tickets left leased by each kill: {left}"
 

@@ -4,10 +4,12 @@ which handle a key's messages one after another within its plan, then end the sl
 A slice acks each message as it finishes — in the background, coalesced: one ack call in
 flight per slice, and what finishes meanwhile rides in the next one — and ends only once
 its acks have landed. It leases about ``_PREFETCH`` seconds of work at a time (from the
-handler's measured duration, 1 to ``_SLICE_BATCH`` messages) and lets at most twice that
-many handled messages wait for their ack (when acks are slower than handlers, it waits for
-them), so a worker killed mid-slice leaves little leased: a few handled-but-unacked and
-not-yet-started messages, about what a queue consumer of the same concurrency leaves.
+handler's measured duration, 1 to ``_SLICE_BATCH`` messages), the next batch's receive
+started as a batch's handlers start (its round trips run while they do), and lets at most
+twice that many handled messages wait for their ack (when acks are slower than handlers, it
+waits for them), so a worker killed mid-slice leaves little leased: a few handled-but-unacked
+and not-yet-started messages (two batches at most), about what a queue consumer of the same
+concurrency leaves.
 """
 
 from __future__ import annotations
@@ -25,9 +27,11 @@ from .runtime import Runtime
 
 log = logging.getLogger("fairq.worker")
 
-_SLICE_BATCH = 32  # the most messages a slice leases at a time
+_SLICE_BATCH = 128  # the most messages a slice leases at a time
 _PREFETCH = 0.002  # seconds of handling a slice leases ahead (at least one message)
 _HANDLE_EWMA = 0.2  # how fast the measured handler duration follows new ones
+#: seconds of handlers that never wait after which a slice lets its next receive go on
+_YIELD_EVERY = 0.0005
 
 
 class _Acks:
@@ -208,7 +212,11 @@ class SliceRuntime(Runtime):
         """Handle up to the plan's ``max_messages`` messages of the key within ``max_time``,
         one after another (so ``max_concurrency=1`` keeps the key's order), acking each as
         it finishes; then, once the acks have landed, end the slice, which re-signals the
-        key if it has backlog left."""
+        key if it has backlog left.
+
+        The next receive starts as a batch's handlers start (when the plan leaves room for
+        it and the batch should end before ``max_time``), so its round trips run while they
+        do: a slice holds at most two batches leased, the one being handled and the next."""
         assert c.attention is not None and self._stopping is not None
         loop = asyncio.get_running_loop()
         deadline = loop.time() + s.plan.max_time
@@ -216,14 +224,19 @@ class SliceRuntime(Runtime):
         retry_at: float | None = None
         acks = _Acks(self)
         self._slices[s.token] = _SliceRun(c, s, loop.time() + c.slice_lease)
+        ahead: asyncio.Task[tuple[list[_Running], float | None]] | None = None
         try:
             while handled < s.plan.max_messages and not self._stopping.is_set():
                 if loop.time() >= deadline:
                     break
-                ahead = self._prefetch(c)
-                want = min(s.plan.max_messages - handled, ahead)
+                batch = self._prefetch(c)
                 try:
-                    msgs, retry_at = await c.attention._receive(s, want, c.visibility_timeout)
+                    if ahead is not None:
+                        task, ahead = ahead, None
+                        runs, retry_at = await task
+                    else:
+                        want = min(s.plan.max_messages - handled, batch)
+                        runs, retry_at = await self._receive_runs(c, s, want)
                 except LeaseLost:
                     log.warning("slice of %s/%s lost its token; ending it", s.domain, s.key)
                     break
@@ -232,19 +245,25 @@ class SliceRuntime(Runtime):
                         "slice of %s/%s could not receive (%s); ending it", s.domain, s.key, exc
                     )
                     break
-                if not msgs:
+                if not runs:
                     break
-                self.stats.received += len(msgs)
-                until = loop.time() + c.lease
-                runs = [_Running(c, m, until) for m in msgs]
-                for run in runs:
-                    self._running[run.msg.receipt] = run
+                more = s.plan.max_messages - handled - len(runs)
+                expect = (c.handle_time or 0.0) * len(runs)
+                pause = loop.time()  # handlers that never wait give the receive a turn
+                if more > 0 and pause + expect < deadline and not self._stopping.is_set():
+                    ahead = asyncio.create_task(
+                        self._receive_runs(c, s, min(more, batch)), name="fairq-slice-receive"
+                    )
                 try:
                     for i, run in enumerate(runs):
                         if loop.time() >= deadline or self._stopping.is_set():
                             await self._give_back([r.msg for r in runs[i:]])
                             break
                         started = loop.time()
+                        if ahead is not None and started >= pause and not ahead.done():
+                            await asyncio.sleep(0)  # the next receive's round trips go on
+                            started = loop.time()  # (what ran meanwhile is not the handler's)
+                            pause = started + _YIELD_EVERY
                         ok = await self._invoke(c, run.msg)
                         took = loop.time() - started
                         c.handle_time = (
@@ -257,7 +276,7 @@ class SliceRuntime(Runtime):
                             run.settled = True  # the lease keeper leaves it alone from now on
                             acks.add(run.msg)
                         self._running.pop(run.msg.receipt, None)
-                        if acks.unacked >= 2 * ahead:  # acks slower than handlers: keep
+                        if acks.unacked >= 2 * batch:  # acks slower than handlers: keep
                             await acks.drain()  # what a kill -9 would leave unacked small
                 finally:
                     for run in runs:
@@ -266,9 +285,22 @@ class SliceRuntime(Runtime):
             self._slices.pop(s.token, None)
             last = acks.take_unsent()  # before any await: the end carries them
             try:
-                await asyncio.shield(self._finish_slice(c, s, acks, last, handled, retry_at))
+                await asyncio.shield(self._finish_slice(c, s, acks, last, handled, retry_at, ahead))
             except Exception as exc:  # the token's lease frees it anyway
                 log.warning("could not end the slice of %s/%s: %s", s.domain, s.key, exc)
+
+    async def _receive_runs(
+        self, c: _Consumer, s: Slice, n: int
+    ) -> tuple[list[_Running], float | None]:
+        """Lease up to ``n`` of the slice's messages, kept alive (``_running``) from now."""
+        assert c.attention is not None
+        msgs, retry_at = await c.attention._receive(s, n, c.visibility_timeout)
+        self.stats.received += len(msgs)
+        until = asyncio.get_running_loop().time() + c.lease
+        runs = [_Running(c, m, until) for m in msgs]
+        for run in runs:
+            self._running[run.msg.receipt] = run
+        return runs, retry_at
 
     async def _finish_slice(
         self,
@@ -278,12 +310,21 @@ class SliceRuntime(Runtime):
         last: list[Received],
         handled: int,
         retry_at: float | None,
+        ahead: asyncio.Task[tuple[list[_Running], float | None]] | None = None,
     ) -> None:
         """The slice's acks land first: its end may re-signal the key, and the next slice
         must not find the acked messages still leased. The acks on their way are waited
         for; the ``last`` ones not sent yet go with the end, in one step where the engine
-        can."""
+        can. A receive started ahead and not handled is waited for and given back."""
         assert c.attention is not None
+        if ahead is not None:
+            try:
+                runs, _ = await ahead
+            except Exception:  # nothing leased (its leases run out if it failed midway)
+                runs = []
+            for run in runs:
+                self._running.pop(run.msg.receipt, None)
+            await self._give_back([run.msg for run in runs])
         await acks.drain()
         lost = await c.attention._end(s, handled, retry_at, last)
         if lost:

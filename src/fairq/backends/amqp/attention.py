@@ -41,7 +41,7 @@ import logging
 import secrets
 import time
 import zlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -98,6 +98,21 @@ _LANES = 8  # channels that ask for attention work (a key always uses the same o
 _TAKE_FROM = 3  # tickets a slice's receive takes with a consumer (take: 3 round trips)
 
 
+_PATIENCE = 0.005  # seconds a round of ticket acks waits for a lane's own answer (feeds.py)
+
+
+@dataclass(slots=True)
+class _Round:
+    """A round of ticket acks on its way: what it carries, and its end."""
+
+    queues: set[str]
+    lanes: list[Feed]
+    done: asyncio.Future[None]
+    task: asyncio.Task[None] | None = None  # (held: the loop keeps only weak references)
+    hurried: bool = False  # someone waits for it: no more waiting for the lanes' answers
+    number: int = 0  # rounds are numbered from 1, and end in that order
+
+
 class AmqpAttention(AmqpTopics):
     """Attention domains over RabbitMQ work queues and the store's tickets."""
 
@@ -107,16 +122,20 @@ class AmqpAttention(AmqpTopics):
         self._domains: dict[str, tuple[AttentionConfig, float]] = {}
         self._ticketed: dict[str, tuple[bool, float]] = {}
         self._slice_queues: dict[str, str] = {}  # slice token -> work queue
+        #: slice token -> its lane, when the key's slices may run side by side (else the
+        #: key's own lane, ``_lane``)
+        self._slice_lanes: dict[str, Feed] = {}
         #: ticket queue -> (receipt, the lane its message was acked on, its generation)
         self._ticket_acks: dict[str, list[tuple[str, Feed, int]]] = {}
-        self._ticket_flush = asyncio.Lock()
-        self._ticket_acker: asyncio.Task[None] | None = None
+        #: the round of ticket acks on its way: its ticket queues, lanes, and its end
+        self._round: _Round | None = None
+        self._rounds_started = 0
+        self._rounds_done = 0
         self._lanes: list[Feed] = []
 
     async def close(self) -> None:
-        if self._ticket_acker is not None:
-            with contextlib.suppress(Exception):
-                await self._ticket_acker
+        with contextlib.suppress(Exception):
+            await self._flush_ticket_acks()
         for lane in self._lanes:
             with contextlib.suppress(Exception):
                 await lane.flush_acks()
@@ -289,11 +308,16 @@ class AmqpAttention(AmqpTopics):
             return None
         queue = got.queue.removeprefix(topology.RESERVED)
         self._slice_queues[got.token] = queue
+        if got.plan.max_concurrency > 1:  # no order to keep between its slices
+            self._slice_lanes[got.token] = self._lane(f"{queue}\0{got.token}")
         return replace(got, queue=queue)
 
     def _lane(self, queue: str) -> Feed:
         """The channel that asks for ``queue``'s messages: always the same one for a queue, so
-        a nack and the next look at the queue keep their order."""
+        a nack and the next look at the queue keep their order — for a key whose plan lets
+        several slices run at once (no order between them to keep), one per slice instead
+        (``attention_take``): an AMQP channel answers one ``basic.get`` at a time, and one
+        lane would make that key's slices wait for each other's."""
         if not self._lanes:
             self._lanes = [
                 Feed(f"lane:{i}", self.link, 0, self._delivered, consume=False)
@@ -319,7 +343,7 @@ class AmqpAttention(AmqpTopics):
         tq = tickets[0].queue
         queue = tq.removeprefix(topology.RESERVED)
         config = await self._config(queue)
-        lane = self._lane(queue)
+        lane = self._slice_lanes.get(token) or self._lane(queue)
         out: list[Received] = []
         spent: list[str] = []  # tickets whose message was dead-lettered instead
         missed: list[Received] = []
@@ -394,47 +418,86 @@ class AmqpAttention(AmqpTopics):
     async def attention_end(
         self, domain: str, token: str, processed: int, retry_at: float | None
     ) -> None:
-        self._slice_queues.pop(token, None)
-        await self._flush_ticket_acks()  # the end sees what the slice has acked
+        queue = self._slice_queues.pop(token, None)
+        self._slice_lanes.pop(token, None)
+        # the end sees what the slice has acked (its key's tickets: other keys' acks on their
+        # way are not waited for)
+        await self._flush_ticket_acks(None if queue is None else tickets_of(queue))
         await self.store.attention_end(domain, token, processed, retry_at)
 
     # -- tickets follow their leases (hooks of leases.py) ----------------------------------
     async def _tickets_done(self, leases: list[Lease]) -> None:
         """Acked (or dead-lettered) messages' tickets go in the background, coalesced — one
-        store call on its way at a time, what is acked meanwhile rides in the next — and
-        before a slice ends or stats are read. Until then they are leased tickets, which
-        the store counts as in flight, as the message was."""
+        round of store calls on its way at a time, what is acked meanwhile rides in the
+        next — and before a slice of their key ends or stats are read. Until then they are
+        leased tickets, which the store counts as in flight, as the message was."""
         for lease in leases:
             assert lease.ticket is not None
             entry = (lease.ticket, lease.feed, lease.generation)
             self._ticket_acks.setdefault(tickets_of(lease.queue), []).append(entry)
-        if self._ticket_acker is None or self._ticket_acker.done():
-            self._ticket_acker = asyncio.create_task(self._ack_tickets(), name="fairq-tickets")
+        if self._round is None:
+            self._start_round(_PATIENCE)
 
-    async def _ack_tickets(self) -> None:
-        while self._ticket_acks:
-            await self._flush_ticket_acks()
+    def _start_round(self, patience: float) -> _Round:
+        """Send the waiting ticket acks on their way (no round may be on its way)."""
+        assert self._round is None
+        pending, self._ticket_acks = self._ticket_acks, {}
+        lanes = {id(lane): lane for entries in pending.values() for _, lane, _ in entries}
+        done = asyncio.get_running_loop().create_future()
+        self._rounds_started += 1
+        r = self._round = _Round(set(pending), list(lanes.values()), done)
+        r.number = self._rounds_started
+        r.task = asyncio.create_task(self._ack_round(pending, r, patience), name="fairq-tickets")
+        return r
 
-    async def _flush_ticket_acks(self) -> None:
-        """Ack the tickets waiting for it, once RabbitMQ has certainly taken their messages'
-        acks: the acks are sent, then a round trip on the same channel (``basic.qos``)
-        returns only after the broker has processed what came before it. A message whose
-        ack went down with its channel comes back to RabbitMQ, and its ticket stays
-        (leased, then visible) to be found with it. A caller that finds a flush on its way
-        waits for it (its tickets may be in it) before it flushes what is left."""
-        async with self._ticket_flush:
-            if not self._ticket_acks:
-                return
-            pending, self._ticket_acks = self._ticket_acks, {}
-            lanes = {id(lane): lane for entries in pending.values() for _, lane, _ in entries}
-            # the lanes' round trips at once, then the ticket queues' acks at once
-            synced = await asyncio.gather(*(lane.sync_acks() for lane in lanes.values()))
-            taken = {key for key, ok in zip(lanes, synced, strict=True) if ok}
+    async def _ack_round(
+        self, pending: dict[str, list[tuple[str, Feed, int]]], r: _Round, patience: float
+    ) -> None:
+        """Ack the tickets of ``pending`` once RabbitMQ has certainly taken their messages'
+        acks: the acks are sent, then an answer on the same channel to a request sent after
+        them (the lane's next ``get`` or ``take`` within ``patience``, else a ``basic.qos``
+        of its own) says the broker processed what came before it. A message whose ack went
+        down with its channel comes back to RabbitMQ, and its ticket stays (leased, then
+        visible) to be found with it."""
+        try:
+            synced = await asyncio.gather(
+                *(lane.sync_acks(patience, lambda: r.hurried) for lane in r.lanes)
+            )
+            taken = {id(lane) for lane, ok in zip(r.lanes, synced, strict=True) if ok}
             acks = {
-                tq: [r for r, lane, g in entries if id(lane) in taken and g == lane.generation]
+                tq: [t for t, lane, g in entries if id(lane) in taken and g == lane.generation]
                 for tq, entries in pending.items()
             }
-            await asyncio.gather(*(self._ack_tickets_of(tq, r) for tq, r in acks.items() if r))
+            await asyncio.gather(*(self._ack_tickets_of(tq, t) for tq, t in acks.items() if t))
+        except Exception:  # their leases run out; slices then find no message for them
+            log.warning("could not ack tickets", exc_info=True)
+        finally:
+            self._round = None
+            self._rounds_done = r.number
+            if not r.done.done():
+                r.done.set_result(None)
+            if self._ticket_acks:
+                self._start_round(_PATIENCE)
+
+    async def _flush_ticket_acks(self, tq: str | None = None) -> None:
+        """Wait until the tickets of the messages acked so far (those of ticket queue
+        ``tq``; default: all) are acked in the store, hurrying the rounds that carry them —
+        at most the round on its way and the next, whatever is acked meanwhile."""
+        r = self._round
+        if self._ticket_acks if tq is None else tq in self._ticket_acks:
+            need = self._rounds_started + 1  # the next round carries them
+        elif r is not None and (tq is None or tq in r.queues):
+            need = r.number
+        else:
+            return
+        while self._rounds_done < need:
+            r = self._round
+            if r is None:
+                r = self._start_round(0.0)
+            r.hurried = True
+            for lane in r.lanes:
+                lane.hurry()
+            await asyncio.shield(r.done)
 
     async def _ack_tickets_of(self, tq: str, receipts: list[str]) -> None:
         try:

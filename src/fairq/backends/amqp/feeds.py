@@ -93,6 +93,14 @@ class Feed:
     #: the channel whose last ``basic.qos`` set ``_qos_count`` (None: not known)
     _qos_channel: Channel | None = None
     _qos_count: int = 0
+    #: acks confirmed by a later answer (``sync_acks``): on ``_ack_channel``, ``_sent`` ack
+    #: flushes were written, the first ``_confirmed`` of them are known to be processed
+    _ack_channel: Channel | None = None
+    _sent: int = 0
+    _confirmed: int = 0
+    _flushing: int = 0  # flushes writing their frames right now
+    _written: asyncio.Event = field(default_factory=asyncio.Event)  # set: none is
+    _confirms: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
 
     @property
     def key(self) -> str:
@@ -161,6 +169,7 @@ class Feed:
         ch = await self.start()
         # a cancelled RPC would cost the channel (and every lease on it): let the get finish,
         # and keep what it brings if nobody waits for it any more
+        seq = self._sent
         task = asyncio.ensure_future(ch.basic_get(queue, no_ack=False))
         try:
             with driver_errors(f"receiving from queue {queue!r}", self.link.url.masked):
@@ -168,6 +177,7 @@ class Feed:
         except asyncio.CancelledError:
             task.add_done_callback(lambda t: self._orphan(t, ch))
             raise
+        self._answered(ch, seq)
         if isinstance(got.delivery, spec.Basic.GetEmpty):
             return None
         self.unsettled.add(int(got.delivery.delivery_tag or 0))  # type: ignore[union-attr]
@@ -197,9 +207,13 @@ class Feed:
                 self._qos_channel = None  # a slice's receives mostly ask as many
                 await ch.basic_qos(prefetch_count=n)
                 self._qos_channel, self._qos_count = ch, n
+            seq = self._sent
             ok = await ch.basic_consume(queue, delivered, no_ack=False)
+            self._answered(ch, seq)
         try:
+            seq = self._sent
             await ch.basic_cancel(str(ok.consumer_tag))
+            self._answered(ch, seq)
         except BaseException:
             if not ch.is_closed:  # (a closed channel gave them back to the queue)
                 for message in got:
@@ -263,9 +277,14 @@ class Feed:
         ch = self.channel
         if not tags or ch is None or ch.is_closed:
             return
+        if ch is not self._ack_channel:  # a new channel: what the old one confirmed is moot
+            self._ack_channel, self._sent, self._confirmed = ch, 0, 0
+            self.hurry()
         tags.sort()
         low = min(self.unsettled, default=None)
         cut = len(tags) if low is None else bisect.bisect_left(tags, low)
+        self._flushing += 1
+        self._written.clear()
         try:
             if cut:
                 await ch.basic_ack(tags[cut - 1], multiple=cut > 1, wait=False)
@@ -273,15 +292,60 @@ class Feed:
                 await ch.basic_ack(tag, wait=False)
         except Exception:  # the channel closed: the broker gives those deliveries back
             log.debug("acks on %s were not sent", self.queue, exc_info=True)
+        finally:
+            self._flushing -= 1
+            if not self._flushing:
+                self._written.set()
+        if ch is self._ack_channel:
+            self._sent += 1  # written: an RPC asked from now on is answered after them
 
-    async def sync_acks(self) -> bool:
-        """Send the acks asked for, then make a round trip on the channel: True once the
-        broker has processed them (its answer comes after them), False if the channel went
-        away (the broker returns their messages to their queues)."""
+    def _answered(self, ch: Channel, seq: int) -> None:
+        """An RPC asked on ``ch`` when ``seq`` ack flushes had been written was answered:
+        the broker processed those acks before it (a channel's frames keep their order)."""
+        if ch is not self._ack_channel or seq <= self._confirmed:
+            return
+        self._confirmed = seq
+        waiting, self._confirms = self._confirms, []
+        for target, fut in waiting:
+            if target <= seq:
+                if not fut.done():
+                    fut.set_result(None)
+            else:
+                self._confirms.append((target, fut))
+
+    def hurry(self) -> None:
+        """Wake every ``sync_acks`` waiting for a later answer: it makes its own now."""
+        waiting, self._confirms = self._confirms, []
+        for _, fut in waiting:
+            if not fut.done():
+                fut.set_result(None)
+
+    async def sync_acks(
+        self, patience: float = 0.0, hurried: Callable[[], bool] = lambda: False
+    ) -> bool:
+        """Send the acks asked for and learn that the broker processed them: True once it
+        has (an answer on the channel to an RPC asked after them came back), False if the
+        channel went away (the broker returns their messages to their queues). With
+        ``patience`` it waits that long for such an answer to a lane's own ``get`` or
+        ``take`` (unless ``hurried()``, or until :meth:`hurry`) before it makes a round
+        trip of its own (``basic.qos``)."""
         await self.flush_acks()
+        if self._flushing:  # another flush's frames are still being written
+            await self._written.wait()
         ch = self.channel
         if ch is None or not self.live():
             return False
+        target = self._sent
+        if ch is self._ack_channel and self._confirmed >= target:
+            return self.live()
+        if patience > 0 and ch is self._ack_channel and not hurried():
+            fut = asyncio.get_running_loop().create_future()
+            self._confirms.append((target, fut))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(patience):
+                    await fut
+            if ch is self._ack_channel and self._confirmed >= target:
+                return self.live()
         try:
             async with self._qos:  # any basic.qos will do: the prefetch it had
                 count = self._qos_count if self._qos_channel is ch else self.prefetch
@@ -291,6 +355,7 @@ class Feed:
         except Exception:
             log.debug("the channel of %s went away before its acks were confirmed", self.queue)
             return False
+        self._answered(ch, target)
         return self.live()
 
     async def stop(self) -> list[Delivered]:
