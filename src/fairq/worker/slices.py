@@ -5,7 +5,8 @@ A slice acks each message as it finishes — in the background, coalesced: one a
 flight per slice, and what finishes meanwhile rides in the next one — and ends only once
 its acks have landed. It leases about ``_PREFETCH`` seconds of work at a time (from the
 handler's measured duration, 1 to ``_SLICE_BATCH`` messages), the next batch's receive
-started as a batch's handlers start (its round trips run while they do), and lets at most
+started as a batch's handlers start when they should be done within a quarter of the
+messages' lease (its round trips run while they do), and lets at most
 twice that many handled messages wait for their ack (when acks are slower than handlers, it
 waits for them), so a worker killed mid-slice leaves little leased: a few handled-but-unacked
 and not-yet-started messages (two batches at most), about what a queue consumer of the same
@@ -248,9 +249,8 @@ class SliceRuntime(Runtime):
                 if not runs:
                     break
                 more = s.plan.max_messages - handled - len(runs)
-                expect = (c.handle_time or 0.0) * len(runs)
                 pause = loop.time()  # handlers that never wait give the receive a turn
-                if more > 0 and pause + expect < deadline and not self._stopping.is_set():
+                if more > 0 and self._receive_ahead(c, len(runs), deadline - pause):
                     ahead = asyncio.create_task(
                         self._receive_runs(c, s, min(more, batch)), name="fairq-slice-receive"
                     )
@@ -330,6 +330,17 @@ class SliceRuntime(Runtime):
         if lost:
             self.stats.lease_lost += len(lost)
             log.warning("%d lease(s) on %s were lost before the ack", len(lost), s.queue)
+
+    def _receive_ahead(self, c: _Consumer, n: int, left: float) -> bool:
+        """Whether a slice starts its next receive while its ``n`` messages are handled:
+        once the handler's speed is known, when they should be done within the slice's
+        ``left`` seconds, and soon — within a quarter of the messages' lease, so that what
+        is leased ahead does not wait long for its handler (the lease keeper extends it in
+        time; a slow handler gains little from hiding a round trip anyway)."""
+        if c.handle_time is None or self._stopping is None or self._stopping.is_set():
+            return False
+        expect = c.handle_time * n
+        return expect < left and expect <= c.lease / 4
 
     def _prefetch(self, c: _Consumer) -> int:
         """How many messages a slice leases at once: ``_PREFETCH`` seconds of handling."""
