@@ -250,7 +250,7 @@ class SliceRuntime(Runtime):
                     break
                 more = s.plan.max_messages - handled - len(runs)
                 pause = loop.time()  # handlers that never wait give the receive a turn
-                if more > 0 and self._receive_ahead(c, len(runs), deadline - pause):
+                if more > 0 and self._receive_ahead(c, s, len(runs), deadline - pause):
                     ahead = asyncio.create_task(
                         self._receive_runs(c, s, min(more, batch)), name="fairq-slice-receive"
                     )
@@ -331,13 +331,17 @@ class SliceRuntime(Runtime):
             self.stats.lease_lost += len(lost)
             log.warning("%d lease(s) on %s were lost before the ack", len(lost), s.queue)
 
-    def _receive_ahead(self, c: _Consumer, n: int, left: float) -> bool:
+    def _receive_ahead(self, c: _Consumer, s: Slice, n: int, left: float) -> bool:
         """Whether a slice starts its next receive while its ``n`` messages are handled:
         once the handler's speed is known, when they should be done within the slice's
         ``left`` seconds, and soon — within a quarter of the messages' lease, so that what
         is leased ahead does not wait long for its handler (the lease keeper extends it in
-        time; a slow handler gains little from hiding a round trip anyway)."""
+        time; a slow handler gains little from hiding a round trip anyway). Never for a
+        rate-limited key: its bucket sets its pace, and a receive ahead would only ask for
+        the next token early and come back empty."""
         if c.handle_time is None or self._stopping is None or self._stopping.is_set():
+            return False
+        if s.plan.rate is not None:
             return False
         expect = c.handle_time * n
         return expect < left and expect <= c.lease / 4
