@@ -318,13 +318,18 @@ class Runtime:
             if not msgs:
                 await wakeups.wait(token, self.poll_wait)
                 continue
-            self.stats.received += len(msgs)
-            until = asyncio.get_running_loop().time() + c.lease
-            runs = [_Running(c, m, until) for m in msgs]
-            running = self._running
-            for run in runs:
-                running[run.msg.receipt] = run
-            runners.add(runs)  # a runner task starts them at once (runners.py)
+            runners.add(self._track(c, msgs))  # a runner task starts them at once (runners.py)
+
+    def _track(self, c: _Consumer, msgs: list[Received]) -> list[_Running]:
+        """Count messages just received for ``c`` and keep their leases from now on (the
+        lease keeper extends what is in ``_running``)."""
+        self.stats.received += len(msgs)
+        until = asyncio.get_running_loop().time() + c.lease
+        runs = [_Running(c, m, until) for m in msgs]
+        running = self._running
+        for run in runs:
+            running[run.msg.receipt] = run
+        return runs
 
     async def _outage(self, exc: BaseException) -> None:
         """Wait a little longer each time the engine cannot be reached (up to 1 s)."""

@@ -295,12 +295,7 @@ class SliceRuntime(Runtime):
         """Lease up to ``n`` of the slice's messages, kept alive (``_running``) from now."""
         assert c.attention is not None
         msgs, retry_at = await c.attention._receive(s, n, c.visibility_timeout)
-        self.stats.received += len(msgs)
-        until = asyncio.get_running_loop().time() + c.lease
-        runs = [_Running(c, m, until) for m in msgs]
-        for run in runs:
-            self._running[run.msg.receipt] = run
-        return runs, retry_at
+        return self._track(c, msgs), retry_at
 
     async def _finish_slice(
         self,
