@@ -189,7 +189,24 @@ class Queue:
         commits, and nothing of it remains after a rollback. Other backends raise
         ``Unsupported``.
         """
-        env = make_envelope(body, attributes, delay, priority, group, dedup_id, self._max_bytes)
+        if (
+            type(body) is bytes
+            and attributes is None
+            and not delay
+            and not priority
+            and group is None
+            and dedup_id is None
+            and len(body) <= self._max_bytes
+        ):
+            env = Envelope(body, {})  # the plain case: nothing to encode or check
+        else:
+            env = make_envelope(body, attributes, delay, priority, group, dedup_id, self._max_bytes)
+        if timeout is None and connection is None:
+            try:  # the common case, without _send's coroutine in between
+                return (await self._backend.send(self.name, [env]))[0]
+            except QueueFull as full:
+                if full.overflow != "block":
+                    raise
         ids = await self._send([env], timeout, connection)
         return ids[0]
 
@@ -238,7 +255,8 @@ class Queue:
         the queue's). With ``wait`` > 0, waits up to that long for a first message and
         returns as soon as one is there; an empty list means none came.
         """
-        check_count("max_messages", max_messages, minimum=1, maximum=10_000)
+        if type(max_messages) is not int or not 1 <= max_messages <= 10_000:
+            check_count("max_messages", max_messages, minimum=1, maximum=10_000)
         if visibility_timeout is not None:
             visibility_timeout = check_number("visibility_timeout", visibility_timeout, strict=True)
         if wait:
@@ -279,9 +297,9 @@ class Queue:
 
     async def _ack_one(self, receipt: str, connection: object | None = None) -> None:
         if connection is None:
-            await self.ack_batch([receipt])
-            return
-        lost = await self._backend.ack_in(connection, self.name, [receipt])
+            lost = await self._backend.ack(self.name, [receipt])
+        else:
+            lost = await self._backend.ack_in(connection, self.name, [receipt])
         if lost:
             from .errors import LeaseLost
 

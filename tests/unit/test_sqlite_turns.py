@@ -59,3 +59,35 @@ async def test_a_writer_yields_to_a_waiter_but_not_for_long(tmp_path: Path) -> N
         await q.send(b"free again")
         assert writer.yields == 2
         assert len(await q.receive(max_messages=10)) == 4
+
+
+def test_looking_takes_no_lock_until_someone_has_announced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    db = str(tmp_path / "f.db")
+    looker, waiter = Turns.open(db), Turns.open(db)
+    assert looker is not None and waiter is not None
+    calls: list[int] = []
+    real = fcntl.flock
+
+    def counted(fd: int, op: int) -> None:
+        calls.append(op)
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", counted)
+    assert not looker.others_wait() and not looker.others_wait()
+    assert calls == [], "nobody announced: no system call"
+    waiter.announce()
+    assert looker.others_wait() and looker.others_wait(), "seen at every look while it waits"
+    waiter.done()
+    calls.clear()
+    assert not looker.others_wait()  # one locked look finds nobody and clears the byte
+    assert len(calls) == 2
+    calls.clear()
+    assert not looker.others_wait() and calls == []
+    waiter.announce()  # a new wait after the byte was cleared is seen again
+    assert looker.others_wait()
+    waiter.close()
+    looker.close()

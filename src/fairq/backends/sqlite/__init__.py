@@ -135,8 +135,10 @@ class SQLiteBackend(Backend):
         return await self._call(Txn.names, "fairq_queues", prefix)
 
     # -- messages --------------------------------------------------------------------------
-    async def send(self, queue: str, envelopes: list[Envelope]) -> list[str]:
-        return await self._call(store.send, queue, envelopes)
+    # send and ack hand back the writer's future (awaitable like the coroutine the base
+    # class declares), one coroutine fewer on the path every message takes
+    def send(self, queue: str, envelopes: list[Envelope]) -> asyncio.Future[list[str]]:  # type: ignore[override]
+        return self._call(store.send, queue, envelopes)
 
     async def receive(
         self, queue: str, max_messages: int, visibility_timeout: float | None
@@ -166,8 +168,8 @@ class SQLiteBackend(Backend):
             return False  # the write transaction will say what is wrong
         return bool(known) and not ready and (due is None or due > self.clock.now())
 
-    async def ack(self, queue: str, receipts: list[str]) -> list[str]:
-        return await self._call(store.ack, queue, receipts)
+    def ack(self, queue: str, receipts: list[str]) -> asyncio.Future[list[str]]:  # type: ignore[override]
+        return self._call(store.ack, queue, receipts)
 
     async def nack(self, queue: str, receipt: str, delay: float) -> None:
         await self._call(store.nack, queue, receipt, delay)

@@ -19,12 +19,21 @@ publisher process). So the writers of one database file take turns:
 turns too, and the kernel drops a dead process's lock. Where ``flock`` is missing (not a
 Unix) or the lock file cannot be opened, :meth:`Turns.open` returns None and the writer
 retries as before, without turns.
+
+Looking costs no system call while nobody has waited: the lock file's first byte, mapped
+into memory, is set by a waiter once it holds its shared lock, and cleared by a writer
+that finds (under the exclusive lock, which no waiter can hold beside it) that nobody
+waits any more. A looker that reads the byte as clear before a new waiter has set it
+misses that waiter for one commit, never longer: the waiter's lock and byte stay until
+its turn. (A writer of a fairq older than this byte never sets it, and is seen only by
+writers of its own age.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import mmap
 import os
 
 try:
@@ -45,10 +54,11 @@ SUFFIX = "-fairq-lock"
 class Turns:
     """One backend's descriptor of ``<db>-fairq-lock`` and its announcement."""
 
-    __slots__ = ("fd", "waiting")
+    __slots__ = ("fd", "flag", "waiting")
 
-    def __init__(self, fd: int) -> None:
+    def __init__(self, fd: int, flag: mmap.mmap | None = None) -> None:
         self.fd = fd
+        self.flag = flag  # the file's first byte: nonzero once a waiter announced itself
         self.waiting = False  # this writer holds its shared lock: it announced a wait
 
     @classmethod
@@ -60,7 +70,14 @@ class Turns:
         except OSError as exc:
             log.info("no %s (%s): writers retry without taking turns", SUFFIX, exc)
             return None
-        return cls(fd)
+        flag = None
+        try:
+            if os.fstat(fd).st_size < 1:
+                os.ftruncate(fd, 1)  # two processes doing this at once both leave 1 byte
+            flag = mmap.mmap(fd, 1)
+        except (OSError, ValueError) as exc:  # no shared mapping here: every look locks
+            log.info("%s not mapped (%s): each look at the waiters takes a lock", SUFFIX, exc)
+        return cls(fd, flag)
 
     def announce(self) -> None:
         """This writer waits for the write lock (idempotent; a writer that cannot announce
@@ -71,6 +88,8 @@ class Turns:
             except OSError:
                 return
             self.waiting = True
+            if self.flag is not None:
+                self.flag[0] = 1
 
     def done(self) -> None:
         """This writer's turn is over (committed or failed): take the announcement back."""
@@ -82,16 +101,24 @@ class Turns:
     def others_wait(self) -> bool:
         """Whether another writer announced that it waits (never true of this one: call it
         after :meth:`done`)."""
+        flag = self.flag
+        if flag is not None and not flag[0]:
+            return False  # nobody has announced since the last look that found none
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             return True
         except OSError:
             return False
+        if flag is not None:
+            flag[0] = 0  # under the exclusive lock: no waiter holds its shared one
         fcntl.flock(self.fd, fcntl.LOCK_UN)
         return False
 
     def close(self) -> None:
+        if self.flag is not None:
+            self.flag.close()
+            self.flag = None
         if self.fd >= 0:
             os.close(self.fd)  # drops this description's flock
             self.fd = -1

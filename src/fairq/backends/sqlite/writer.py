@@ -272,7 +272,7 @@ class Writer:
         ):
             # nothing else is ready to run in this pass of the loop, so nothing could join
             # this transaction: run it now instead of one loop pass later
-            self._run_now(conn, (fn, args, fut))
+            self._run_now(conn, fn, args, fut)
             return fut
         self._pending.append((fn, args, fut))
         if not self._scheduled:
@@ -280,13 +280,19 @@ class Writer:
             loop.call_soon(self._flush)
         return fut
 
-    def _run_now(self, conn: sqlite3.Connection, job: Job) -> None:
+    def _run_now(
+        self,
+        conn: sqlite3.Connection,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        fut: asyncio.Future[Any],
+    ) -> None:
         """One operation alone in its transaction: the path of one task calling at a time,
         without the batch's merging, savepoints and result lists."""
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError as exc:
-            self._pending.append(job)
+            self._pending.append((fn, args, fut))
             if _is_busy(exc):
                 self._wait_for_lock(exc)
             else:
@@ -294,7 +300,6 @@ class Writer:
             return
         self._busy_since = None
         self._retry_delay = _RETRY_FIRST
-        fn, args, fut = job
         try:
             t = self._begin(conn)
             value = fn(t, *args)
@@ -304,10 +309,15 @@ class Writer:
             self.commits += 1
         except Exception as exc:
             self._turn_over()
-            self._rolled_back(conn, exc, [job])
+            self._rolled_back(conn, exc, [(fn, args, fut)])
             return
         self._turn_over()
-        self._resolve([(fut, value, None)], t.notify)
+        if fut.cancelled():
+            self._resolve([(fut, value, None)], t.notify)
+            return
+        fut.set_result(value)
+        if t.notify:
+            self.wakeups.notify(t.notify)
 
     def _turn_over(self) -> None:
         """After a transaction: take back this writer's announcement, and yield the next
@@ -389,8 +399,9 @@ class Writer:
         """The transaction just begun, with what every transaction does first: due delays
         and leases brought to their next state, expired dedup ids dropped now and then."""
         t = Txn(self._store, conn, self.clock.now())
-        messages.sweep(t)
-        t.op_done()
+        if t.now >= self._store.due:  # something may have come due: one index probe
+            messages.sweep(t)
+            t.op_done()
         if t.now - self._last_dedup_cleanup > _DEDUP_CLEANUP_EVERY:
             self._last_dedup_cleanup = t.now
             store.drop_expired_dedup(t)
