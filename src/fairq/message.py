@@ -12,10 +12,8 @@ and the checks and encodings every backend shares.
 from __future__ import annotations
 
 import math
-import os
 import re
 import secrets
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -144,45 +142,12 @@ def id_time(n: int) -> float:
     return (n >> _ID_SHIFT) / 1000.0
 
 
-class _Leases:
-    """Lease tokens from the operating system's CSPRNG, read 4 KiB at a time (one
-    ``getrandom`` call per 512 tokens, not one per receive). A forked child starts on
-    fresh bytes, so parent and child never hand out the same tokens; the lock keeps two
-    threads from taking the same ones."""
-
-    __slots__ = ("buf", "lock", "pos")
-
-    def __init__(self) -> None:
-        self.buf = b""
-        self.pos = 0
-        self.lock = threading.Lock()
-
-    def reset(self) -> None:
-        self.buf = b""
-        self.pos = 0
-        self.lock = threading.Lock()
-
-    def next(self) -> int:
-        with self.lock:
-            pos = self.pos
-            if pos + 8 > len(self.buf):
-                self.buf = secrets.token_bytes(4096)
-                pos = 0
-            self.pos = pos + 8
-            return (int.from_bytes(self.buf[pos : pos + 8], "little") >> 2) | 1
-
-
-_leases = _Leases()
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_leases.reset)
-
-
 def new_lease() -> int:
     """A fresh lease token: 62 bits from the operating system's CSPRNG, never 0. A
     receipt is what lets its holder ack, nack or extend a delivery, so the next one must
     not be predictable from earlier ones (a seeded Mersenne Twister is, after 624 outputs).
     """
-    return _leases.next()
+    return secrets.randbits(62) | 1
 
 
 def make_receipt(n: int, lease: int) -> str:
