@@ -1,0 +1,244 @@
+"""Where one message's send and receive+ack go on SQLite: fairq's own Python (every SQL
+statement answered by a stub), and the raw SQL of fairq's schema beside leaner variants
+(docs/benchmarks.md, issue 14's sixth round).
+
+    python -m bench.sqlite_hotpath python               # fairq's Python per operation
+    python -m bench.sqlite_hotpath floor --dir /dev/shm  # the SQL of each schema variant
+
+Each figure is the minimum over ``--rounds`` rounds of ``--n`` operations, in CPU time of
+the calling thread, so the machine's noise (other tenants of the host) moves it least; pin
+the process to one core (``taskset -c 1``) for steadier figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import sqlite3
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import fairq
+
+BODY = os.urandom(100).hex().encode()  # 200 bytes, as in bench.queues
+
+
+# -- fairq's Python, the SQL stubbed out -----------------------------------------------------
+class _Rows:
+    __slots__ = ("rows",)
+
+    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+        self.rows = rows
+
+    def fetchall(self) -> list[tuple[Any, ...]]:
+        return self.rows
+
+    def fetchone(self) -> tuple[Any, ...] | None:
+        return self.rows[0] if self.rows else None
+
+
+class _StubConnection:
+    """Answers the statements of a plain queue's send, receive and ack with canned rows
+    (one message that is always there); anything else goes to the real connection."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real = real
+        self.in_transaction = False
+        self.lease = 0
+        self.msg_id = int(time.time() * 1000) << 16
+        self.data_version = real.execute("PRAGMA data_version").fetchall()
+
+    def execute(self, sql: str, params: Sequence[Any] = ()) -> _Rows:
+        if sql.startswith("PRAGMA data_version"):
+            return _Rows(self.data_version)
+        if sql.startswith("SELECT id, priority"):
+            return _Rows([(self.msg_id, 0, 0, None, BODY, None)])
+        if sql.startswith("UPDATE fairq_messages SET state = 1"):
+            self.lease = params[1]
+            return _Rows([])
+        if sql.startswith("DELETE FROM fairq_messages"):
+            return _Rows([(self.msg_id, self.lease, None, None)])
+        if sql.startswith(("BEGIN", "COMMIT", "UPDATE", "INSERT")):
+            return _Rows([])
+        return _Rows(self.real.execute(sql, params).fetchall())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+async def _python_cost(n: int, rounds: int) -> tuple[float, float]:
+    tmp = tempfile.mkdtemp(prefix="fairq-hotpath-")
+    try:
+        broker = await fairq.connect("sqlite:///" + os.path.join(tmp, "q.db"))
+        q = await broker.declare_queue("bench")
+        await q.send(BODY)
+        await q.stats()  # the queue's counts known: no fold query under the stub
+        writer = broker.backend._writer  # type: ignore[attr-defined]
+        real = writer.conn
+        writer.conn = _StubConnection(real)
+        sends, cycles = [], []
+        try:
+            for _ in range(rounds):
+                t0 = time.thread_time()
+                for _ in range(n):
+                    await q.send(BODY)
+                sends.append((time.thread_time() - t0) / n)
+                t0 = time.thread_time()
+                for _ in range(n):
+                    (m,) = await q.receive()
+                    await m.ack()
+                cycles.append((time.thread_time() - t0) / n)
+        finally:
+            writer.conn = real
+            await broker.close()
+        return min(sends), min(cycles)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# -- the raw SQL of fairq's schema and of leaner ones ---------------------------------------
+_QUEUES = (
+    "CREATE TABLE q (id INTEGER PRIMARY KEY, visible INT DEFAULT 0, in_flight INT DEFAULT 0, "
+    "acked INT DEFAULT 0); INSERT INTO q (id) VALUES (1);"
+)
+_COLUMNS = (
+    "queue_id INT NOT NULL, state INT NOT NULL, priority INT NOT NULL, avail_at REAL NOT NULL, "
+    "attempt INT NOT NULL, lease INT, grp TEXT, body_ref INT, body BLOB, attrs BLOB"
+)
+_ROWID = f"CREATE TABLE m (id INTEGER PRIMARY KEY, {_COLUMNS});"
+_CLUSTERED = (
+    f"CREATE TABLE m (id INTEGER NOT NULL, {_COLUMNS}, PRIMARY KEY (queue_id, id)) WITHOUT ROWID;"
+)
+_READY = "CREATE INDEX ix_ready ON m (queue_id, priority DESC, avail_at) WHERE state = 0;"
+_WAITING = "CREATE INDEX ix_waiting ON m (avail_at) WHERE state = 1;"
+_PER_QUEUE = "CREATE INDEX ix_queue ON m (queue_id);"
+
+# name: (schema, whether receive and ack update the queue's counters)
+VARIANTS: dict[str, tuple[str, bool]] = {
+    "fairq's schema": (_ROWID + _READY + _WAITING + _PER_QUEUE, True),
+    "without the per-queue index": (_ROWID + _READY + _WAITING, True),
+    "without the counter updates": (_ROWID + _READY + _WAITING + _PER_QUEUE, False),
+    "without both": (_ROWID + _READY + _WAITING, False),
+    "WITHOUT ROWID (queue, id), no counters": (_CLUSTERED + _READY + _WAITING, False),
+}
+
+
+def _connect(path: str) -> sqlite3.Connection:
+    conn = sqlite3.connect(path, isolation_level=None)
+    for pragma in ("journal_mode = WAL", "synchronous = NORMAL", "wal_autocheckpoint = 0"):
+        conn.execute(f"PRAGMA {pragma}")
+    return conn
+
+
+def _floor(directory: str, schema: str, counters: bool, n: int) -> tuple[float, float]:
+    """CPU seconds per one-message send, and per receive+ack pair, as fairq issues them."""
+    tmp = tempfile.mkdtemp(prefix="fairq-floor-", dir=directory)
+    conn = _connect(os.path.join(tmp, "f.db"))
+    try:
+        conn.executescript(_QUEUES + schema)
+        ex = conn.execute
+        base = int(time.time() * 1000) << 16
+        t0 = time.thread_time()
+        for i in range(n):
+            ex("BEGIN IMMEDIATE")
+            ex("PRAGMA data_version").fetchone()
+            ex(
+                "INSERT INTO m (id, queue_id, state, priority, avail_at, attempt, body) "
+                "VALUES (?, 1, 0, 0, ?, 0, ?)",
+                (base + i, time.time(), BODY),
+            )
+            ex("COMMIT")
+        send = (time.thread_time() - t0) / n
+        t0 = time.thread_time()
+        for i in range(n):
+            now = time.time()
+            ex("BEGIN IMMEDIATE")
+            ex("PRAGMA data_version").fetchone()
+            (row,) = ex(
+                "SELECT id, priority, attempt, grp, body, attrs FROM m WHERE queue_id = 1 "
+                "AND state = 0 ORDER BY priority DESC, avail_at, id LIMIT 1"
+            ).fetchall()
+            ex(
+                "UPDATE m SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "
+                "WHERE queue_id = 1 AND id = ?",
+                (now + 30, i + 1, row[0]),
+            )
+            if counters:
+                ex("UPDATE q SET visible = visible - 1, in_flight = in_flight + 1 WHERE id = 1")
+            ex("COMMIT")
+            ex("BEGIN IMMEDIATE")
+            ex("PRAGMA data_version").fetchone()
+            gone = ex(
+                "DELETE FROM m WHERE queue_id = 1 AND id = ? AND lease = ? AND avail_at > ? "
+                "RETURNING id",
+                (row[0], i + 1, now),
+            ).fetchall()
+            if not gone:
+                raise RuntimeError("the ack found no lease")
+            if counters:
+                ex("UPDATE q SET in_flight = in_flight - 1, acked = acked + 1 WHERE id = 1")
+            ex("COMMIT")
+        return send, (time.thread_time() - t0) / n
+    finally:
+        conn.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _peers(directory: str, n: int) -> tuple[float, float]:
+    """huey's storage.enqueue, and dequeue (huey has no ack), at synchronous=NORMAL."""
+    from huey import SqliteHuey
+
+    tmp = tempfile.mkdtemp(prefix="fairq-floor-huey-", dir=directory)
+    try:
+        storage = SqliteHuey(
+            name="b", filename=os.path.join(tmp, "h.db"), journal_mode="wal"
+        ).storage
+        storage.conn.execute("PRAGMA synchronous = NORMAL")
+        t0 = time.thread_time()
+        for _ in range(n):
+            storage.enqueue(BODY)
+        send = (time.thread_time() - t0) / n
+        t0 = time.thread_time()
+        for _ in range(n):
+            storage.dequeue()
+        return send, (time.thread_time() - t0) / n
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.sqlite_hotpath", description=__doc__)
+    p.add_argument("what", choices=["python", "floor"])
+    p.add_argument("--n", type=int, default=2000, help="operations per round")
+    p.add_argument("--rounds", type=int, default=15)
+    p.add_argument("--dir", default=tempfile.gettempdir(), help="where the floor's files go")
+    a = p.parse_args(argv)
+    if a.what == "python":
+        send, cycle = asyncio.run(_python_cost(a.n, a.rounds))
+        print(f"fairq's Python: send {send * 1e6:.1f} µs, receive+ack {cycle * 1e6:.1f} µs")
+        return 0
+    results: dict[str, list[tuple[float, float]]] = {}
+    for _ in range(a.rounds):  # the variants interleaved, so noise hits them alike
+        for name, (schema, counters) in VARIANTS.items():
+            results.setdefault(name, []).append(_floor(a.dir, schema, counters, a.n))
+        with contextlib.suppress(ImportError):  # huey is a bench extra
+            results.setdefault("huey enqueue / dequeue (no ack)", []).append(_peers(a.dir, a.n))
+    print(f"{'variant':42s} {'send':>10s} {'recv+ack':>10s}   (min; median) in {a.dir}")
+    for name, runs in results.items():
+        sends, cycles = [r[0] * 1e6 for r in runs], [r[1] * 1e6 for r in runs]
+        print(
+            f"{name:42s} {min(sends):8.1f} µs {min(cycles):8.1f} µs   "
+            f"({statistics.median(sends):.1f}; {statistics.median(cycles):.1f})"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
