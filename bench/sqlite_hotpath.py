@@ -69,6 +69,11 @@ class _StubConnection:
             return _Rows([])
         return _Rows(self.real.execute(sql, params).fetchall())
 
+    def executemany(self, sql: str, rows: Any) -> _Rows:
+        for _ in rows:  # consume them, as SQLite would
+            pass
+        return _Rows([])
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.real, name)
 
