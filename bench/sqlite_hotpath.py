@@ -4,6 +4,7 @@ statement answered by a stub), and the raw SQL of fairq's schema beside leaner v
 
     python -m bench.sqlite_hotpath python               # fairq's Python per operation
     python -m bench.sqlite_hotpath floor --dir /dev/shm  # the SQL of each schema variant
+    python -m bench.sqlite_hotpath bodies --rounds 5     # a (queue, id)-keyed table by body size
 
 Each figure is the minimum over ``--rounds`` rounds of ``--n`` operations, in CPU time of
 the calling thread, so the machine's noise (other tenants of the host) moves it least; pin
@@ -196,6 +197,67 @@ def _floor(directory: str, schema: str, counters: bool, n: int) -> tuple[float, 
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+# (body bytes, batch, messages) of the body-size comparison
+_BODY_SHAPES = [
+    (200, 1, 2000),
+    (200, 100, 20000),
+    (2000, 100, 10000),
+    (20000, 1, 1000),
+    (20000, 100, 2000),
+]
+
+
+def _bodies(directory: str, schema: str, size: int, batch: int, n: int) -> tuple[float, float]:
+    """CPU seconds a message: batches of ``batch`` sends of ``size``-byte bodies, then
+    receive-and-lease and delete by ids, batch by batch (no counters)."""
+    tmp = tempfile.mkdtemp(prefix="fairq-floor-", dir=directory)
+    conn = _connect(os.path.join(tmp, "b.db"))
+    try:
+        conn.executescript(_QUEUES + schema)
+        ex = conn.execute
+        body = os.urandom(size)
+        base = int(time.time() * 1000) << 16
+        t0 = time.thread_time()
+        for k in range(0, n, batch):
+            ex("BEGIN IMMEDIATE")
+            conn.executemany(
+                "INSERT INTO m (id, queue_id, state, priority, avail_at, attempt, body) "
+                "VALUES (?, 1, 0, 0, ?, 0, ?)",
+                [(base + k + i, time.time(), body) for i in range(batch)],
+            )
+            ex("COMMIT")
+        send = (time.thread_time() - t0) / n
+        t0 = time.thread_time()
+        got = lease = 0
+        while got < n:
+            lease += 1
+            now = time.time()
+            ex("BEGIN IMMEDIATE")
+            ids = [
+                r[0]
+                for r in ex(
+                    "SELECT id, body FROM m WHERE queue_id = 1 AND state = 0 "
+                    "ORDER BY priority DESC, avail_at, id LIMIT ?",
+                    (batch,),
+                )
+            ]
+            marks = ",".join("?" * len(ids))
+            ex(
+                f"UPDATE m SET state = 1, avail_at = ?, lease = ? WHERE queue_id = 1 "
+                f"AND id IN ({marks})",
+                (now + 30, lease, *ids),
+            )
+            ex("COMMIT")
+            ex("BEGIN IMMEDIATE")
+            ex(f"DELETE FROM m WHERE queue_id = 1 AND id IN ({marks}) AND lease = ?", (*ids, lease))
+            ex("COMMIT")
+            got += len(ids)
+        return send, (time.thread_time() - t0) / n
+    finally:
+        conn.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def _peers(directory: str, n: int) -> tuple[float, float]:
     """huey's storage.enqueue, and dequeue (huey has no ack), at synchronous=NORMAL."""
     from huey import SqliteHuey
@@ -220,7 +282,7 @@ def _peers(directory: str, n: int) -> tuple[float, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.sqlite_hotpath", description=__doc__)
-    p.add_argument("what", choices=["python", "floor"])
+    p.add_argument("what", choices=["python", "floor", "bodies"])
     p.add_argument("--n", type=int, default=2000, help="operations per round")
     p.add_argument("--rounds", type=int, default=15)
     p.add_argument("--dir", default=tempfile.gettempdir(), help="where the floor's files go")
@@ -228,6 +290,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.what == "python":
         send, cycle = asyncio.run(_python_cost(a.n, a.rounds))
         print(f"fairq's Python: send {send * 1e6:.1f} µs, receive+ack {cycle * 1e6:.1f} µs")
+        return 0
+    if a.what == "bodies":  # a table keyed by (queue, id) against fairq's, by body size
+        shapes = {"rowid + per-queue index": VARIANTS["fairq's schema"][0]}
+        shapes["WITHOUT ROWID (queue, id)"] = _CLUSTERED + _READY + _WAITING
+        print(f"{'body, batch':14s}" + "".join(f"{k + ' send / recv+ack':>48s}" for k in shapes))
+        for size, batch, n in _BODY_SHAPES:
+            runs: dict[str, list[tuple[float, float]]] = {k: [] for k in shapes}
+            for _ in range(a.rounds):  # interleaved, so noise hits both alike
+                for k, v in shapes.items():
+                    runs[k].append(_bodies(a.dir, v, size, batch, n))
+            cells = [
+                f"{min(r[0] for r in v) * 1e6:10.1f} µs {min(r[1] for r in v) * 1e6:10.1f} µs"
+                for v in runs.values()
+            ]
+            print(f"{f'{size} B, {batch}':14s}" + "".join(f"{c:>48s}" for c in cells))
         return 0
     results: dict[str, list[tuple[float, float]]] = {}
     for _ in range(a.rounds):  # the variants interleaved, so noise hits them alike
