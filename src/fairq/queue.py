@@ -98,6 +98,16 @@ def make_envelope(
     max_bytes: int,
 ) -> Envelope:
     """Encode and check one message; raise before anything is stored."""
+    if (
+        type(body) is bytes
+        and attributes is None
+        and not delay
+        and not priority
+        and group is None
+        and dedup_id is None
+        and len(body) <= max_bytes
+    ):
+        return Envelope(body, {})  # the plain case: nothing to encode or check
     data, is_json = encode_body(body)
     if len(data) > max_bytes:
         from .errors import MessageTooLarge
@@ -189,24 +199,7 @@ class Queue:
         commits, and nothing of it remains after a rollback. Other backends raise
         ``Unsupported``.
         """
-        if (
-            type(body) is bytes
-            and attributes is None
-            and not delay
-            and not priority
-            and group is None
-            and dedup_id is None
-            and len(body) <= self._max_bytes
-        ):
-            env = Envelope(body, {})  # the plain case: nothing to encode or check
-        else:
-            env = make_envelope(body, attributes, delay, priority, group, dedup_id, self._max_bytes)
-        if timeout is None and connection is None:
-            try:  # the common case, without _send's coroutine in between
-                return (await self._backend.send(self.name, [env]))[0]
-            except QueueFull as full:
-                if full.overflow != "block":
-                    raise
+        env = make_envelope(body, attributes, delay, priority, group, dedup_id, self._max_bytes)
         ids = await self._send([env], timeout, connection)
         return ids[0]
 

@@ -20,7 +20,7 @@ from ..rules import (
     CopyPlan,
     dead_letter_attributes,
 )
-from .txn import CHUNK, QueueRow, Row, Txn, chunks, marks
+from .txn import QueueRow, Row, Txn, chunks, marks
 
 READY, WAITING, BLOCKED = 0, 1, 2
 # a published copy keeps its body in fairq_bodies (shared by its topic's copies): body_ref
@@ -419,19 +419,15 @@ def delete_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, li
     current lease (an ack)."""
     t.fold(q.id)  # the rows about to go are counted as sent first
     # the receipts of one receive share their lease: parse each lease once
+    by_lease: dict[str, list[int]] = {}
     try:
-        if len(receipts) == 1:  # one message's ack: no grouping to do
-            head, _, tail = receipts[0].partition(".")
-            leases = [(int(tail, 16), [int(head, 16)])]
-        else:
-            by_lease: dict[str, list[int]] = {}
-            for receipt in receipts:
-                head, _, tail = receipt.partition(".")
-                ids = by_lease.get(tail)
-                if ids is None:
-                    ids = by_lease[tail] = []
-                ids.append(int(head, 16))
-            leases = [(int(tail, 16), ids) for tail, ids in by_lease.items()]
+        for receipt in receipts:
+            head, _, tail = receipt.partition(".")
+            ids = by_lease.get(tail)
+            if ids is None:
+                ids = by_lease[tail] = []
+            ids.append(int(head, 16))
+        leases = [(int(tail, 16), ids) for tail, ids in by_lease.items()]
     except (AttributeError, TypeError, ValueError):
         for receipt in receipts:
             parse_receipt(receipt)  # raises InvalidMessage naming the malformed one
@@ -442,7 +438,7 @@ def delete_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, li
     # (id, lease, body_ref, grp) of each deleted row
     rows: list[Row] = []
     for lease, ids in leases:
-        for chunk in chunks(ids) if len(ids) > CHUNK else (ids,):
+        for chunk in chunks(ids):
             rows += conn.execute(
                 f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))}) AND lease = ? "
                 "AND queue_id = ? AND avail_at > ? RETURNING id, lease, body_ref, grp",

@@ -312,12 +312,7 @@ class Writer:
             self._rolled_back(conn, exc, [(fn, args, fut)])
             return
         self._turn_over()
-        if fut.cancelled():
-            self._resolve([(fut, value, None)], t.notify)
-            return
-        fut.set_result(value)
-        if t.notify:
-            self.wakeups.notify(t.notify)
+        self._resolve([(fut, value, None)], t.notify)
 
     def _turn_over(self) -> None:
         """After a transaction: take back this writer's announcement, and yield the next
@@ -399,9 +394,8 @@ class Writer:
         """The transaction just begun, with what every transaction does first: due delays
         and leases brought to their next state, expired dedup ids dropped now and then."""
         t = Txn(self._store, conn, self.clock.now())
-        if t.now >= self._store.due:  # something may have come due: one index probe
-            messages.sweep(t)
-            t.op_done()
+        messages.sweep(t)
+        t.op_done()
         if t.now - self._last_dedup_cleanup > _DEDUP_CLEANUP_EVERY:
             self._last_dedup_cleanup = t.now
             store.drop_expired_dedup(t)
