@@ -29,7 +29,9 @@ async def test_copies_share_a_body_until_the_last_one_goes(tmp_path: Path) -> No
         assert bodies(db) == [(1000, 4)]
         (m,) = await subs[0].receive()
         assert m.body == b"x" * 1000
-        await m.ack()
+        await m.ack()  # an acked row is deleted (and its body released) when settled:
+        assert bodies(db) == [(1000, 4)]
+        await subs[0].stats()  # before anything reads the queue's counters
         assert bodies(db) == [(1000, 3)]
         (m,) = await subs[1].receive()
         await m.nack()  # last attempt: dead-lettered, the DLQ copy keeps the body inline

@@ -62,3 +62,25 @@ async def test_purge_remembers_the_ids_it_deletes(tmp_path: Path) -> None:
         await q.purge()
     async with await fairq.connect(url, clock=clock) as b:
         assert await b.queue("q").send(b"y") > last
+
+
+async def test_an_id_deleted_after_another_connection_committed_does_not_come_back(
+    tmp_path: Path,
+) -> None:
+    """The connection that deletes the greatest id may not know it is the greatest (another
+    connection committed since): the id is remembered all the same."""
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    clock = fairq.ManualClock()  # frozen: every id falls in the same millisecond
+    async with (
+        await fairq.connect(url, clock=clock) as a,
+        await fairq.connect(url, clock=clock) as b,
+    ):
+        for fifo in (True, False):  # deleted by the ack, or settled later
+            q = await a.declare_queue(f"q{fifo}", fifo=fifo)
+            mid = await q.send(b"x", group="g" if fifo else None)
+            (m,) = await q.receive()
+            await b.declare_queue(f"other{fifo}")  # a commit a has not seen
+            await m.ack()
+            await q.stats()
+            assert await b.queue(f"other{fifo}").send(b"y") > mid
+            assert await q.send(b"z", group="g" if fifo else None) > mid

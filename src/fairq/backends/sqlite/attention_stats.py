@@ -16,7 +16,7 @@ from ...model.attention import (
 )
 from ..attention_policy import tenant_rows
 from .attention import prune_usage, sweep_domain
-from .messages import VISIBLE, oldest_age
+from .messages import VISIBLE, oldest_age, settle_acks
 from .txn import Txn
 
 __all__ = ["hint", "key_stats", "stats", "tenant_stats"]
@@ -54,6 +54,7 @@ def stats(t: Txn, domain: str) -> AttentionStats:
 def key_stats(t: Txn, domain: str, top: int) -> list[KeyStats]:
     d = t.domain(domain)
     sweep_domain(t, d)
+    settle_acks(t)  # in_flight and the oldest message count no acked row
     t.flush()
     rows = t.conn.execute(
         "SELECT k.key, k.tenant, k.plan, k.state, coalesce(" + VISIBLE + " + q.delayed, 0), "

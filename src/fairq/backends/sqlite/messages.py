@@ -235,6 +235,19 @@ def unref_bodies(t: Txn, refs: Counter[int]) -> None:
         )
 
 
+def delete_all(t: Txn, q: QueueRow) -> int:
+    """Delete every message row of ``q``, releasing their shared bodies; how many."""
+    conn = t.conn
+    (top,) = conn.execute(
+        "SELECT max(id) FROM fairq_messages WHERE queue_id = ?", (q.id,)
+    ).fetchone()
+    if top is None:
+        return 0
+    unref_queue(t, q)
+    t.deleted(top)
+    return conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,)).rowcount
+
+
 def unref_queue(t: Txn, q: QueueRow) -> None:
     """Before a queue's messages are deleted wholesale: release their shared bodies."""
     refs = Counter(
@@ -284,6 +297,59 @@ def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
             if r[STATE] != BLOCKED and r[GRP] is not None:
                 advance_group(t, q, r[GRP])
     t.op_notify.add(q.name)
+
+
+def _mark_acked(
+    t: Txn, q: QueueRow, receipts: Sequence[str], leases: list[tuple[int, list[int]]]
+) -> tuple[int, list[str]]:
+    """The ack of a non-FIFO queue: its leased rows become acked rows (``avail_at = -1``,
+    no lease), which writes the row's page and an ix_waiting page and nothing else; the
+    counters move when :func:`settle_acks` deletes them."""
+    conn = t.conn
+    gone: list[tuple[int, int]] = []
+    for lease, ids in leases:
+        for chunk in chunks(ids):
+            gone += [
+                (r[0], lease)
+                for r in conn.execute(
+                    "UPDATE fairq_messages SET avail_at = -1, lease = NULL "
+                    f"WHERE id IN ({marks(len(chunk))}) AND lease = ? AND queue_id = ? "
+                    "AND avail_at > ? RETURNING id",
+                    (*chunk, lease, q.id, t.now),
+                )
+            ]
+    if len(gone) == len(receipts):
+        lost: list[str] = []  # every receipt named a current lease (the common case)
+    else:
+        found = set(gone)
+        lost = [r for r in receipts if parse_receipt(r) not in found]
+    if gone:
+        t.store.acked_rows += len(gone)
+        t.op_notify.add(q.name)
+    return len(gone), lost
+
+
+def settle_acks(t: Txn) -> None:
+    """Delete every acked row (of any queue, by any process) and count it: ``in_flight``
+    down, ``acked`` up, shared bodies released. Before a queue's counters or rows are read,
+    and by the writer every few hundred acks; one index probe when there are none."""
+    store = t.store
+    store.acked_rows = 0
+    store.settled_at = t.now
+    rows = t.conn.execute(
+        "DELETE FROM fairq_messages WHERE state = 1 AND avail_at < 0 "
+        "RETURNING id, queue_id, body_ref"
+    ).fetchall()
+    if not rows:
+        return
+    t.deleted(max(r[0] for r in rows))
+    per_queue = Counter(r[1] for r in rows)
+    for qid, n in per_queue.items():
+        t.add(qid, "in_flight", -n)
+        t.add(qid, "acked", n)
+    refs = Counter(r[2] for r in rows if r[2] is not None)
+    if refs:
+        unref_bodies(t, refs)
 
 
 def dead_letter_rows(
@@ -345,8 +411,8 @@ def sweep(t: Txn) -> None:
         return
     while True:
         rows = conn.execute(
-            "SELECT " + COLS + " FROM fairq_messages WHERE state = 1 AND avail_at <= ? "
-            "ORDER BY avail_at LIMIT ?",
+            "SELECT " + COLS + " FROM fairq_messages WHERE state = 1 AND avail_at >= 0 "
+            "AND avail_at <= ? ORDER BY avail_at LIMIT ?",
             (now, _SWEEP_BATCH),
         ).fetchall()
         if not rows:
@@ -412,11 +478,11 @@ def current_leases(
     return rows, lost
 
 
-def delete_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[str]]:
-    """Delete the messages of ``q`` whose current lease is named by ``receipts`` (one
-    ``DELETE ... RETURNING`` per lease token, no read first), keeping counts, FIFO heads and
-    shared bodies right; return how many were deleted and the receipts that named no
-    current lease (an ack)."""
+def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[str]]:
+    """Ack the messages of ``q`` whose current lease is named by ``receipts`` (one statement
+    per lease token, no read first); return how many were acked and the receipts that named
+    no current lease. The rows of a FIFO queue are deleted at once (the next of each group
+    moves up); any other queue's are only marked acked, for :func:`settle_acks`."""
     t.fold(q.id)  # the rows about to go are counted as sent first
     # the receipts of one receive share their lease: parse each lease once
     by_lease: dict[str, list[int]] = {}
@@ -435,6 +501,8 @@ def delete_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, li
     now = t.now
     qid = q.id
     conn = t.conn
+    if not q.config.fifo:
+        return _mark_acked(t, q, receipts, leases)
     # (id, lease, body_ref, grp) of each deleted row
     rows: list[Row] = []
     for lease, ids in leases:
@@ -456,10 +524,10 @@ def delete_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, li
     if refs:
         unref_bodies(t, Counter(refs))
     t.add(qid, "in_flight", -len(rows))
-    if q.config.fifo:
-        for r in rows:
-            if r[3] is not None:  # a leased row heads its group (state 1, never blocked)
-                advance_group(t, q, r[3])
+    t.add(qid, "acked", len(rows))
+    for r in rows:
+        if r[3] is not None:  # a leased row heads its group (state 1, never blocked)
+            advance_group(t, q, r[3])
     t.op_notify.add(q.name)
     return len(rows), lost
 
@@ -486,6 +554,7 @@ def make_room(t: Txn, q: QueueRow, n: int) -> None:
         return
     if n > cfg.max_length:
         raise QueueFull(q.name, cfg.max_length, "the batch is larger than max_length")
+    settle_acks(t)
     t.fold(q.id)
     t.flush()
     (depth,) = t.conn.execute(
@@ -565,5 +634,7 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
 
 
 def next_due(conn: sqlite3.Connection) -> float | None:
-    row = conn.execute("SELECT MIN(avail_at) FROM fairq_messages WHERE state = 1").fetchone()
+    row = conn.execute(
+        "SELECT MIN(avail_at) FROM fairq_messages WHERE state = 1 AND avail_at >= 0"
+    ).fetchone()
     return None if row is None or row[0] is None else float(row[0])

@@ -29,12 +29,13 @@ from .messages import (
     ID,
     PRIO,
     SELECT_READY,
+    ack_leased,
     attrs_of,
     blob_of,
     current_leases,
     dead_letter_rows,
     delete,
-    delete_leased,
+    delete_all,
     expire_old,
     insert,
     insert_one,
@@ -43,7 +44,7 @@ from .messages import (
     oldest_age,
     received,
     rows_by_id,
-    unref_queue,
+    settle_acks,
 )
 from .txn import Row, Txn, chunks, marks
 
@@ -75,9 +76,7 @@ def delete_queue(t: Txn, name: str) -> bool:
     if q is None:
         return False
     conn = t.conn
-    unref_queue(t, q)
-    conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,))
-    t.deleted(None)
+    delete_all(t, q)
     conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_dedup WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_subscriptions WHERE queue_id = ?", (q.id,))
@@ -186,10 +185,7 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
 
 
 def ack(t: Txn, name: str, receipts: list[str]) -> list[str]:
-    q = t.queue(name)
-    n, lost = delete_leased(t, q, receipts)
-    t.add(q.id, "acked", n)
-    return lost
+    return ack_leased(t, t.queue(name), receipts)[1]
 
 
 def nack(t: Txn, name: str, receipt: str, delay: float) -> None:
@@ -260,6 +256,7 @@ def dead_letter(t: Txn, name: str, receipt: str, reason: str) -> None:
 
 def stats(t: Txn, name: str) -> QueueStats:
     q = t.queue(name)
+    settle_acks(t)
     expire_old(t, q)
     t.fold(q.id)
     t.flush()
@@ -292,10 +289,9 @@ def stats(t: Txn, name: str) -> QueueStats:
 def purge(t: Txn, name: str) -> int:
     q = t.queue(name)
     conn = t.conn
-    t.fold(q.id)  # what is purged was sent
-    unref_queue(t, q)
-    n = conn.execute("DELETE FROM fairq_messages WHERE queue_id = ?", (q.id,)).rowcount
-    t.deleted(None)
+    settle_acks(t)  # what is purged was not acked
+    t.fold(q.id)  # and was sent
+    n = delete_all(t, q)
     conn.execute("DELETE FROM fairq_fifo_heads WHERE queue_id = ?", (q.id,))
     t.flush()
     conn.execute(
@@ -307,6 +303,7 @@ def purge(t: Txn, name: str) -> int:
 
 def peek(t: Txn, name: str, limit: int) -> list[Received]:
     q = t.queue(name)
+    settle_acks(t)
     rows = t.conn.execute(
         "SELECT " + COLS + " FROM fairq_messages WHERE queue_id = ? ORDER BY id LIMIT ?",
         (q.id, limit),

@@ -1,4 +1,4 @@
--- fairq's SQLite schema, version 9. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 10. Every statement is idempotent (IF NOT EXISTS), so
 -- txn.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
@@ -10,12 +10,18 @@
 --   version 7: counters kept for other engines (fairq_counts: RabbitMQ's ?store=)
 --   version 8: attention in worker time (virtual times, estimates, slice charges, usage)
 --   version 9: sends counted later (fairq_queues.sent_upto), so a send writes no queue row
+--   version 10: acks settled later (acked rows, below), so an ack writes no queue row
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
 --   1 waiting   delayed (lease IS NULL) or leased (lease = token of the current delivery);
 --               ix_waiting holds when each comes due
 --   2 blocked   in a FIFO queue, behind the head of its group (ix_fifo)
+-- and, in state 1, one more condition: an acked row (avail_at = -1, lease IS NULL). An ack
+-- of a non-FIFO queue only marks its rows so (two B-tree pages: the row and ix_waiting);
+-- messages.settle_acks deletes them and moves them from in_flight to acked, a few
+-- hundred at a time, and before anything reads a queue's counters or rows. Every query
+-- of waiting rows by due time keeps to avail_at >= 0.
 -- Message ids grow with send time (milliseconds << 16 | counter): the id is the send
 -- time, and rowid order is age order (ix_queue gives a queue's oldest message).
 

@@ -23,7 +23,7 @@ from ...model.attention import AttentionConfig
 from ...model.queues import QueueConfig
 from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 # the greatest id handed out so far, as far as the file remembers it (see Store)
@@ -177,6 +177,10 @@ class Store:
         # due times of the delayed attention signals this connection wrote, per domain: its
         # broker takes those on time, other processes a moment later (attention._take)
         self.scheduled: dict[str, dict[float, None]] = {}
+        # acked rows this connection marked and has not settled yet, and when it last
+        # settled (messages.settle_acks): what tells the writer when to settle again
+        self.acked_rows = 0
+        self.settled_at = -math.inf
 
     def schedule(self, domain: str, due: float, now: float) -> None:
         """Remember that this connection wrote a delayed signal of ``domain`` due at ``due``."""
@@ -224,7 +228,16 @@ class Txn:
     """One write transaction: its clock reading, id allocator and per-operation bookkeeping
     (counter deltas, queues to wake) that a failed operation throws away."""
 
-    __slots__ = ("_deltas", "_last_id_dirty", "conn", "notify", "now", "op_notify", "store")
+    __slots__ = (
+        "_deleted_top",
+        "_deltas",
+        "_last_id_dirty",
+        "conn",
+        "notify",
+        "now",
+        "op_notify",
+        "store",
+    )
 
     def __init__(self, store: Store, conn: sqlite3.Connection, now: float) -> None:
         self.store = store
@@ -234,6 +247,7 @@ class Txn:
         self.op_notify: set[str] = set()
         self._deltas: dict[int, dict[str, int]] = {}
         self._last_id_dirty = False
+        self._deleted_top = 0
         (data_version,) = conn.execute("PRAGMA data_version").fetchone()
         if data_version != store.data_version:
             # another connection committed: its ids, delays and leases are unknown here
@@ -270,11 +284,15 @@ class Txn:
             self._last_id_dirty = True
         return range(base, base + n)
 
-    def deleted(self, top: int | None) -> None:
-        """Message rows up to id ``top`` were deleted (None: any id, e.g. a whole queue)."""
+    def deleted(self, top: int) -> None:
+        """Message rows up to id ``top`` were deleted: ``fairq_meta.last_id`` keeps ids
+        above it (the greatest id may have been among them, and this connection may not
+        know the greatest id handed out: :meth:`finish` then reads what is left)."""
         saved = self.store.saved_id
-        if top is None or saved is None or top > saved:
+        if saved is None or top > saved:
             self._last_id_dirty = True
+            if top > self._deleted_top:
+                self._deleted_top = top
 
     def waiting_until(self, avail_at: float) -> None:
         """A row became waiting until ``avail_at``: the sweep must look again by then."""
@@ -367,6 +385,8 @@ class Txn:
             last = store.last_id
             if last is None:
                 last = self._read_last_id()
+            if self._deleted_top > last:
+                last = store.last_id = self._deleted_top
             self.conn.execute("UPDATE fairq_meta SET value = ? WHERE key = 'last_id'", (last,))
             store.saved_id = last
 

@@ -60,6 +60,12 @@ _CHECKPOINT_IDLE = 2.0  # seconds after which what little was committed is copie
 # few frames left while holding off writers, then the next commit starts the WAL over.
 _RESTART_FRAMES = 16384
 _RESTART_WAIT_MS = 20  # the longest a RESTART checkpoint waits for the lock or readers
+# An ack only marks its rows acked (schema.sql); a transaction settles them (deletes them
+# and counts them, messages.settle_acks) once this writer has marked this many, or when
+# this long has passed since the last settle — which also finds rows another process
+# marked and did not settle (it died, or closed while the lock was taken)
+_SETTLE_ROWS = 256
+_SETTLE_EVERY = 1.0
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
 
@@ -242,6 +248,8 @@ class Writer:
         self._yield_until = 0.0
         if self._pending and self.conn is not None:
             self._flush()
+        if self._store.acked_rows and self.conn is not None:
+            self._settle(self.conn)
         conn, self.conn = self.conn, None
         if self._turns is not None:
             self._turns.close()
@@ -256,6 +264,25 @@ class Writer:
         self._pending = []
         if conn is not None:
             conn.close()
+
+    def _settle(self, conn: sqlite3.Connection) -> None:
+        """Settle the rows this writer marked acked, in a transaction of their own (when
+        closing). If another process holds the lock, whoever writes next settles them."""
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+        except sqlite3.OperationalError:
+            return
+        try:
+            t = Txn(self._store, conn, self.clock.now())
+            messages.settle_acks(t)
+            t.op_done()
+            t.finish()
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            log.debug("acked rows left for the next writer: %s", exc)
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            self._store.forget()
 
     # -- group commit ----------------------------------------------------------------------
     def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
@@ -392,9 +419,13 @@ class Writer:
 
     def _begin(self, conn: sqlite3.Connection) -> Txn:
         """The transaction just begun, with what every transaction does first: due delays
-        and leases brought to their next state, expired dedup ids dropped now and then."""
+        and leases brought to their next state, acked rows settled and expired dedup ids
+        dropped now and then."""
         t = Txn(self._store, conn, self.clock.now())
         messages.sweep(t)
+        known = self._store
+        if known.acked_rows >= _SETTLE_ROWS or t.now - known.settled_at >= _SETTLE_EVERY:
+            messages.settle_acks(t)
         t.op_done()
         if t.now - self._last_dedup_cleanup > _DEDUP_CLEANUP_EVERY:
             self._last_dedup_cleanup = t.now
