@@ -23,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import fairq
@@ -43,6 +43,9 @@ class _Rows:
 
     def fetchone(self) -> tuple[Any, ...] | None:
         return self.rows[0] if self.rows else None
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self.rows)
 
 
 class _StubConnection:
@@ -64,6 +67,10 @@ class _StubConnection:
         if sql.startswith("UPDATE fairq_messages SET state = 1"):
             self.lease = params[1]
             return _Rows([])
+        if sql.startswith("UPDATE fairq_messages SET avail_at = -1"):  # an ack: marked
+            return _Rows([(self.msg_id,)])
+        if sql.startswith("DELETE FROM fairq_messages WHERE state = 1 AND avail_at < 0"):
+            return _Rows([])  # settling the acked rows (every 256 acks): none under the stub
         if sql.startswith("DELETE FROM fairq_messages"):
             return _Rows([(self.msg_id, self.lease, None, None)])
         if sql.startswith(("BEGIN", "COMMIT", "UPDATE", "INSERT")):

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 import fairq
-from fairq.backends.sqlite import writer
+from fairq.backends.sqlite import messages, writer
 
 
 def _raw(db: Path, sql: str) -> list[tuple[object, ...]]:
@@ -81,6 +81,18 @@ async def test_acked_rows_are_settled_every_few_hundred(tmp_path: Path) -> None:
         assert most <= writer._SETTLE_ROWS
         assert (await q.stats()).acked == n
     assert _acked_rows(db) == 0
+
+
+async def test_a_big_ack_deletes_at_once(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        q = await broker.declare_queue("q")
+        await q.send_batch([fairq.Outgoing(b"x") for _ in range(messages._MARK_BELOW)])
+        got = await q.receive(max_messages=messages._MARK_BELOW)
+        await q.ack_batch([m.receipt for m in got])
+        assert _acked_rows(db) == 0
+        assert _raw(db, "SELECT count(*) FROM fairq_messages") == [(0,)]
+        assert (await q.stats()).acked == messages._MARK_BELOW
 
 
 async def test_closing_settles_what_this_writer_acked(tmp_path: Path) -> None:
