@@ -133,13 +133,18 @@ _READY = "CREATE INDEX ix_ready ON m (queue_id, priority DESC, avail_at) WHERE s
 _WAITING = "CREATE INDEX ix_waiting ON m (avail_at) WHERE state = 1;"
 _PER_QUEUE = "CREATE INDEX ix_queue ON m (queue_id);"
 
-# name: (schema, whether receive and ack update the queue's counters)
-VARIANTS: dict[str, tuple[str, bool]] = {
-    "fairq's schema": (_ROWID + _READY + _WAITING + _PER_QUEUE, True),
-    "without the per-queue index": (_ROWID + _READY + _WAITING, True),
-    "without the counter updates": (_ROWID + _READY + _WAITING + _PER_QUEUE, False),
-    "without both": (_ROWID + _READY + _WAITING, False),
-    "WITHOUT ROWID (queue, id), no counters": (_CLUSTERED + _READY + _WAITING, False),
+_FAIRQ = _ROWID + _READY + _WAITING + _PER_QUEUE
+_SETTLE_ROWS = 256  # as fairq's writer (backends/sqlite/writer.py)
+
+# name: (schema, whether receive and ack update the queue's counters, whether an ack marks
+# its row acked and settles every _SETTLE_ROWS, as fairq since schema 10, or deletes it)
+VARIANTS: dict[str, tuple[str, bool, bool]] = {
+    "fairq's schema, acks marked (schema 10)": (_FAIRQ, True, True),
+    "fairq's schema, acks deleting (schema 9)": (_FAIRQ, True, False),
+    "without the per-queue index": (_ROWID + _READY + _WAITING, True, False),
+    "without the counter updates": (_FAIRQ, False, False),
+    "without both": (_ROWID + _READY + _WAITING, False, False),
+    "WITHOUT ROWID (queue, id), no counters": (_CLUSTERED + _READY + _WAITING, False, False),
 }
 
 
@@ -150,7 +155,9 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
-def _floor(directory: str, schema: str, counters: bool, n: int) -> tuple[float, float]:
+def _floor(
+    directory: str, schema: str, counters: bool, n: int, mark: bool = False
+) -> tuple[float, float]:
     """CPU seconds per one-message send, and per receive+ack pair, as fairq issues them."""
     tmp = tempfile.mkdtemp(prefix="fairq-floor-", dir=directory)
     conn = _connect(os.path.join(tmp, "f.db"))
@@ -170,6 +177,7 @@ def _floor(directory: str, schema: str, counters: bool, n: int) -> tuple[float, 
             ex("COMMIT")
         send = (time.thread_time() - t0) / n
         t0 = time.thread_time()
+        marked = 0
         for i in range(n):
             now = time.time()
             ex("BEGIN IMMEDIATE")
@@ -188,14 +196,21 @@ def _floor(directory: str, schema: str, counters: bool, n: int) -> tuple[float, 
             ex("COMMIT")
             ex("BEGIN IMMEDIATE")
             ex("PRAGMA data_version").fetchone()
+            if mark and marked >= _SETTLE_ROWS:  # settle: delete the marked rows, count them
+                k = len(
+                    ex("DELETE FROM m WHERE state = 1 AND avail_at < 0 RETURNING id").fetchall()
+                )
+                ex("UPDATE q SET in_flight = in_flight - ?, acked = acked + ? WHERE id = 1", (k, k))
+                marked = 0
             gone = ex(
-                "DELETE FROM m WHERE queue_id = 1 AND id = ? AND lease = ? AND avail_at > ? "
-                "RETURNING id",
+                ("UPDATE m SET avail_at = -1, lease = NULL" if mark else "DELETE FROM m")
+                + " WHERE queue_id = 1 AND id = ? AND lease = ? AND avail_at > ? RETURNING id",
                 (row[0], i + 1, now),
             ).fetchall()
             if not gone:
                 raise RuntimeError("the ack found no lease")
-            if counters:
+            marked += 1
+            if counters and not mark:
                 ex("UPDATE q SET in_flight = in_flight - 1, acked = acked + 1 WHERE id = 1")
             ex("COMMIT")
         return send, (time.thread_time() - t0) / n
@@ -299,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"fairq's Python: send {send * 1e6:.1f} µs, receive+ack {cycle * 1e6:.1f} µs")
         return 0
     if a.what == "bodies":  # a table keyed by (queue, id) against fairq's, by body size
-        shapes = {"rowid + per-queue index": VARIANTS["fairq's schema"][0]}
+        shapes = {"rowid + per-queue index": _FAIRQ}
         shapes["WITHOUT ROWID (queue, id)"] = _CLUSTERED + _READY + _WAITING
         print(f"{'body, batch':14s}" + "".join(f"{k + ' send / recv+ack':>48s}" for k in shapes))
         for size, batch, n in _BODY_SHAPES:
@@ -315,8 +330,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     results: dict[str, list[tuple[float, float]]] = {}
     for _ in range(a.rounds):  # the variants interleaved, so noise hits them alike
-        for name, (schema, counters) in VARIANTS.items():
-            results.setdefault(name, []).append(_floor(a.dir, schema, counters, a.n))
+        for name, (schema, counters, mark) in VARIANTS.items():
+            results.setdefault(name, []).append(_floor(a.dir, schema, counters, a.n, mark))
         with contextlib.suppress(ImportError):  # huey is a bench extra
             results.setdefault("huey enqueue / dequeue (no ack)", []).append(_peers(a.dir, a.n))
     print(f"{'variant':42s} {'send':>10s} {'recv+ack':>10s}   (min; median) in {a.dir}")
