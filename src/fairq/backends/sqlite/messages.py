@@ -20,7 +20,7 @@ from ..rules import (
     CopyPlan,
     dead_letter_attributes,
 )
-from .txn import QueueRow, Row, Txn, chunks, marks
+from .txn import QueueRow, Row, Txn, chunks, insert_rows, marks
 
 READY, WAITING, BLOCKED = 0, 1, 2
 # a published copy keeps its body in fairq_bodies (shared by its topic's copies): body_ref
@@ -81,10 +81,7 @@ def insert(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
     if not q.config.fifo and all(not it[2] and it[4] is None for it in items):
         return insert_plain(t, q, items)
     ids, rows = rows_for(t, q, items)
-    if len(rows) == 1:
-        t.conn.execute(_INSERT, rows[0])
-    else:
-        t.conn.executemany(_INSERT, rows)
+    insert_rows(t.conn, _INSERT, rows)
     return ids
 
 
@@ -108,10 +105,7 @@ def insert_plain(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
         (mid, qid, prio, now, body, attrs)
         for mid, (body, attrs, _, prio, _) in zip(ids, items, strict=True)
     ]
-    if len(rows) == 1:
-        t.conn.execute(_INSERT_PLAIN, rows[0])
-    else:
-        t.conn.executemany(_INSERT_PLAIN, rows)
+    insert_rows(t.conn, _INSERT_PLAIN, rows)
     if rows:
         t.stored(qid, len(rows), ids[-1])
     t.op_notify.add(q.name)
@@ -130,13 +124,13 @@ def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
 
 def insert_visible(t: Txn, q: QueueRow, envs: Sequence[Envelope]) -> range:
     """Store messages that are visible now, of priority 0 and without a group, in ``q``
-    (not FIFO): a plain batch, one ``executemany`` binding the five columns each sets;
-    return their ids."""
+    (not FIFO): a plain batch, binding the five columns each sets; return their ids."""
     ids = t.allocate(len(envs), stored=True)
     now = t.now
     qid = q.id
     dumps = orjson.dumps
-    t.conn.executemany(
+    insert_rows(
+        t.conn,
         _INSERT_ONE,
         [
             (mid, qid, now, e.body, dumps(e.attributes) if e.attributes else None)
@@ -636,7 +630,7 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
             t.add(qid, "visible", -delayed)
         t.stored(qid, len(indices), rows[-1][ID])
         t.op_notify.add(q.name)
-    t.conn.executemany(_INSERT, rows)
+    insert_rows(t.conn, _INSERT, rows)
 
 
 def next_due(conn: sqlite3.Connection) -> float | None:

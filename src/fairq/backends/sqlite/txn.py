@@ -47,6 +47,34 @@ def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterable[Sequence[Any]]:
         yield items[i : i + size]
 
 
+_ROWS_AT_ONCE = 32  # rows per multi-row INSERT of insert_rows
+_MULTI_SQL: dict[str, str] = {}
+
+
+def insert_rows(conn: sqlite3.Connection, sql: str, rows: Sequence[Sequence[Any]]) -> None:
+    """Run ``sql``, an ``INSERT ... VALUES (...)`` of one row, for every row: 32 rows at a
+    time as one statement (``VALUES (...), (...), ...``), the rest with ``executemany``.
+    One statement keeps its cursors open across its rows where ``executemany`` steps the
+    statement again per row: 1.8 against 3.0 µs a row on fairq's message table."""
+    n = len(rows)
+    k = _ROWS_AT_ONCE
+    if n < k:
+        if n == 1:
+            conn.execute(sql, rows[0])
+        elif n:
+            conn.executemany(sql, rows)
+        return
+    multi = _MULTI_SQL.get(sql)
+    if multi is None:
+        head, _, values = sql.partition(" VALUES ")
+        multi = _MULTI_SQL[sql] = f"{head} VALUES " + ", ".join([values] * k)
+    full = n - n % k
+    for i in range(0, full, k):
+        conn.execute(multi, [v for row in rows[i : i + k] for v in row])
+    if full < n:
+        conn.executemany(sql, rows[full:])
+
+
 # columns added to tables that older files already have (CREATE TABLE IF NOT EXISTS does
 # not touch an existing table): (table, column, declaration), with the version that added it
 ADDED_COLUMNS = [
