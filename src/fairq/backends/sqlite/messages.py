@@ -301,9 +301,9 @@ def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
 def _mark_acked(
     t: Txn, q: QueueRow, receipts: Sequence[str], leases: list[tuple[int, list[int]]]
 ) -> tuple[int, list[str]]:
-    """The ack of a non-FIFO queue: its leased rows become acked rows (``avail_at = -1``,
-    no lease), which writes the row's page and an ix_waiting page and nothing else; the
-    counters move when :func:`settle_acks` deletes them."""
+    """The ack of a few messages of a non-FIFO queue: their leased rows become acked rows
+    (``avail_at = -1``, no lease), which writes the rows' pages and an ix_waiting page and
+    nothing else; the counters move when :func:`settle_acks` deletes them."""
     conn = t.conn
     gone: list[tuple[int, int]] = []
     for lease, ids in leases:
@@ -498,11 +498,11 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
         for receipt in receipts:
             parse_receipt(receipt)  # raises InvalidMessage naming the malformed one
         raise
+    if len(receipts) < _MARK_BELOW and not q.config.fifo:
+        return _mark_acked(t, q, receipts, leases)
     now = t.now
     qid = q.id
     conn = t.conn
-    if len(receipts) < _MARK_BELOW and not q.config.fifo:
-        return _mark_acked(t, q, receipts, leases)
     # (id, lease, body_ref, grp) of each deleted row
     rows: list[Row] = []
     for lease, ids in leases:
