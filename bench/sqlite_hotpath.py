@@ -67,10 +67,15 @@ class _StubConnection:
         if sql.startswith("UPDATE fairq_messages SET state = 1"):
             self.lease = params[1]
             return _Rows([])
-        if sql.startswith("UPDATE fairq_messages SET avail_at = -1"):  # an ack: marked
+        if sql.startswith("UPDATE fairq_messages SET avail_at = CASE"):  # an ack: marked
             return _Rows([(self.msg_id,)])
-        if sql.startswith("DELETE FROM fairq_messages WHERE state = 1 AND avail_at < 0"):
-            return _Rows([])  # settling the acked rows (every 256 acks): none under the stub
+        if sql.startswith(
+            (
+                "UPDATE fairq_messages SET avail_at = -avail_at",
+                "DELETE FROM fairq_messages WHERE state = 1 AND avail_at >= -1",
+            )
+        ):
+            return _Rows([])  # settling (every 256 receives and acks): nothing under the stub
         if sql.startswith("DELETE FROM fairq_messages"):
             return _Rows([(self.msg_id, self.lease, None, None)])
         if sql.startswith(("BEGIN", "COMMIT", "UPDATE", "INSERT")):
@@ -136,11 +141,12 @@ _PER_QUEUE = "CREATE INDEX ix_queue ON m (queue_id);"
 _FAIRQ = _ROWID + _READY + _WAITING + _PER_QUEUE
 _SETTLE_ROWS = 256  # as fairq's writer (backends/sqlite/writer.py)
 
-# name: (schema, whether receive and ack update the queue's counters, whether an ack marks
-# its row acked and settles every _SETTLE_ROWS, as fairq since schema 10, or deletes it)
+# name: (schema, whether receive and ack update the queue's counters, whether they leave
+# them to a settle step every _SETTLE_ROWS, as fairq since schema 10: the receive keeps its
+# lease's end negated, the ack marks the row acked — or count at once, deleting the row)
 VARIANTS: dict[str, tuple[str, bool, bool]] = {
-    "fairq's schema, acks marked (schema 10)": (_FAIRQ, True, True),
-    "fairq's schema, acks deleting (schema 9)": (_FAIRQ, True, False),
+    "fairq's schema, counted later (schema 10)": (_FAIRQ, True, True),
+    "fairq's schema, counted at once (schema 9)": (_FAIRQ, True, False),
     "without the per-queue index": (_ROWID + _READY + _WAITING, True, False),
     "without the counter updates": (_FAIRQ, False, False),
     "without both": (_ROWID + _READY + _WAITING, False, False),
@@ -156,7 +162,7 @@ def _connect(path: str) -> sqlite3.Connection:
 
 
 def _floor(
-    directory: str, schema: str, counters: bool, n: int, mark: bool = False
+    directory: str, schema: str, counters: bool, n: int, later: bool = False
 ) -> tuple[float, float]:
     """CPU seconds per one-message send, and per receive+ack pair, as fairq issues them."""
     tmp = tempfile.mkdtemp(prefix="fairq-floor-", dir=directory)
@@ -177,11 +183,30 @@ def _floor(
             ex("COMMIT")
         send = (time.thread_time() - t0) / n
         t0 = time.thread_time()
-        marked = 0
+        unsettled = 0
         for i in range(n):
             now = time.time()
             ex("BEGIN IMMEDIATE")
             ex("PRAGMA data_version").fetchone()
+            if later and unsettled >= _SETTLE_ROWS:  # settle: count leases, delete acked rows
+                k = len(
+                    ex(
+                        "UPDATE m SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
+                        "RETURNING queue_id, attempt"
+                    ).fetchall()
+                )
+                ex(
+                    "UPDATE q SET visible = visible - ?, in_flight = in_flight + ? WHERE id = 1",
+                    (k, k),
+                )
+                k = len(
+                    ex(
+                        "DELETE FROM m WHERE state = 1 AND avail_at >= -1 AND avail_at < 0 "
+                        "RETURNING id, queue_id, body_ref, avail_at, attempt"
+                    ).fetchall()
+                )
+                ex("UPDATE q SET visible = visible - ?, acked = acked + ? WHERE id = 1", (k, k))
+                unsettled = 0
             (row,) = ex(
                 "SELECT id, priority, attempt, grp, body, attrs FROM m WHERE queue_id = 1 "
                 "AND state = 0 ORDER BY priority DESC, avail_at, id LIMIT 1"
@@ -189,28 +214,30 @@ def _floor(
             ex(
                 "UPDATE m SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "
                 "WHERE queue_id = 1 AND id = ?",
-                (now + 30, i + 1, row[0]),
+                (-(now + 30) if later else now + 30, i + 1, row[0]),
             )
-            if counters:
+            if counters and not later:
                 ex("UPDATE q SET visible = visible - 1, in_flight = in_flight + 1 WHERE id = 1")
             ex("COMMIT")
             ex("BEGIN IMMEDIATE")
             ex("PRAGMA data_version").fetchone()
-            if mark and marked >= _SETTLE_ROWS:  # settle: delete the marked rows, count them
-                k = len(
-                    ex("DELETE FROM m WHERE state = 1 AND avail_at < 0 RETURNING id").fetchall()
-                )
-                ex("UPDATE q SET in_flight = in_flight - ?, acked = acked + ? WHERE id = 1", (k, k))
-                marked = 0
-            gone = ex(
-                ("UPDATE m SET avail_at = -1, lease = NULL" if mark else "DELETE FROM m")
-                + " WHERE queue_id = 1 AND id = ? AND lease = ? AND avail_at > ? RETURNING id",
-                (row[0], i + 1, now),
-            ).fetchall()
+            if later:
+                gone = ex(
+                    "UPDATE m SET avail_at = CASE WHEN avail_at < 0 THEN -0.5 ELSE -1 END, "
+                    "lease = NULL WHERE queue_id = 1 AND id = ? AND lease = ? "
+                    "AND (avail_at > ? OR avail_at < ?) RETURNING id",
+                    (row[0], i + 1, now, -now),
+                ).fetchall()
+            else:
+                gone = ex(
+                    "DELETE FROM m WHERE queue_id = 1 AND id = ? AND lease = ? AND avail_at > ? "
+                    "RETURNING id",
+                    (row[0], i + 1, now),
+                ).fetchall()
             if not gone:
                 raise RuntimeError("the ack found no lease")
-            marked += 1
-            if counters and not mark:
+            unsettled += 2
+            if counters and not later:
                 ex("UPDATE q SET in_flight = in_flight - 1, acked = acked + 1 WHERE id = 1")
             ex("COMMIT")
         return send, (time.thread_time() - t0) / n
@@ -330,8 +357,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     results: dict[str, list[tuple[float, float]]] = {}
     for _ in range(a.rounds):  # the variants interleaved, so noise hits them alike
-        for name, (schema, counters, mark) in VARIANTS.items():
-            results.setdefault(name, []).append(_floor(a.dir, schema, counters, a.n, mark))
+        for name, (schema, counters, later) in VARIANTS.items():
+            results.setdefault(name, []).append(_floor(a.dir, schema, counters, a.n, later))
         with contextlib.suppress(ImportError):  # huey is a bench extra
             results.setdefault("huey enqueue / dequeue (no ack)", []).append(_peers(a.dir, a.n))
     print(f"{'variant':42s} {'send':>10s} {'recv+ack':>10s}   (min; median) in {a.dir}")

@@ -61,7 +61,7 @@ _NOTHING_TO_RECEIVE = (
     "SELECT EXISTS (SELECT 1 FROM fairq_queues WHERE name = ?), "
     "EXISTS (SELECT 1 FROM fairq_messages INDEXED BY fairq_ix_ready WHERE state = 0 AND queue_id = "
     "(SELECT id FROM fairq_queues WHERE name = ?)), "
-    "(SELECT MIN(avail_at) FROM fairq_messages WHERE state = 1 AND avail_at >= 0)"
+    "(" + messages.NEXT_DUE + ")"
 )
 
 

@@ -40,7 +40,7 @@ from ..attention_policy import (
     usage_since,
 )
 from . import queues
-from .messages import settle_acks
+from .messages import settle
 from .txn import DomainRow, Txn
 
 _MAX_SIGNALS_PER_TAKE = 256
@@ -111,7 +111,7 @@ def _view(t: Txn, d: DomainRow, k: _Key) -> KeyView:
     """The key as the policy sees it, its work queue's counts read from the queue row."""
     q = t.find(k.queue)
     if q is not None:
-        settle_acks(t)
+        settle(t)
         t.fold(q.id)
     t.flush()
     row = t.conn.execute(
@@ -538,7 +538,7 @@ def reconcile(t: Txn, domain: str) -> int:
     """One query finds the keys to signal: no per-key round trips, however many keys."""
     d = t.domain(domain)
     sweep_domain(t, d)
-    settle_acks(t)
+    settle(t)
     t.flush()
     lost = t.conn.execute(
         "SELECT k.key FROM fairq_att_keys k JOIN fairq_queues q ON q.name = k.queue "

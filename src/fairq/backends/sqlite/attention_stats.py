@@ -16,7 +16,7 @@ from ...model.attention import (
 )
 from ..attention_policy import tenant_rows
 from .attention import prune_usage, sweep_domain
-from .messages import VISIBLE, oldest_age, settle_acks
+from .messages import VISIBLE, oldest_age, settle
 from .txn import Txn
 
 __all__ = ["hint", "key_stats", "stats", "tenant_stats"]
@@ -54,7 +54,7 @@ def stats(t: Txn, domain: str) -> AttentionStats:
 def key_stats(t: Txn, domain: str, top: int) -> list[KeyStats]:
     d = t.domain(domain)
     sweep_domain(t, d)
-    settle_acks(t)  # in_flight and the oldest message count no acked row
+    settle(t)  # in_flight and the oldest message count no acked row
     t.flush()
     rows = t.conn.execute(
         "SELECT k.key, k.tenant, k.plan, k.state, coalesce(" + VISIBLE + " + q.delayed, 0), "
@@ -78,6 +78,7 @@ def tenant_stats(t: Txn, domain: str, top: int) -> list[TenantStats]:
     d = t.domain(domain)
     sweep_domain(t, d)
     prune_usage(t, d)
+    settle(t)  # the visible counts take in the receives not counted yet
     t.flush()
     conn = t.conn
     used = {

@@ -41,11 +41,17 @@ SELECT_READY = (
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
 )
 _SWEEP_BATCH = 1000
-# an ack of fewer receipts than this marks its rows acked (settle_acks deletes them later);
-# a bigger one deletes them at once: its pages are shared by enough rows that writing
-# each row twice (marked, then deleted) costs more than the counters and the per-queue
-# index (bench.sqlite_hotpath floor: 60 vs 73 µs for one, 9 vs 9 for 16, 7-10 vs 4.6 for 100)
-_MARK_BELOW = 16
+# a receive or an ack of fewer messages than this (of a non-FIFO queue) leaves its counters
+# to settle(): an ack marks its rows acked, a receive keeps its lease's end negated. Bigger
+# ones count (and delete) at once: their pages are shared by enough rows that writing
+# each row twice costs more than the counters and the per-queue index
+# (bench.sqlite_hotpath floor, acks: 60 vs 73 µs for one, 9 vs 9 for 16, 7-10 vs 4.6 for 100)
+LAZY_BELOW = 16
+# the due time of a leased row is when its lease ends; while the receive that leased it is
+# not counted yet (a receive of fewer than LAZY_BELOW messages of a non-FIFO queue) it is
+# kept negated, below -1, and an acked row sits at ACKED, or ACKED_UNCOUNTED when its
+# receive was not counted either: settle() counts all of them (schema.sql)
+ACKED, ACKED_UNCOUNTED = -1.0, -0.5
 # a queue's visible messages as SQL, for reads over many queues (``q`` is its fairq_queues
 # row): the stored count plus the messages stored since it was last folded (Txn.fold)
 VISIBLE = (
@@ -302,19 +308,23 @@ def _mark_acked(
     t: Txn, q: QueueRow, receipts: Sequence[str], leases: list[tuple[int, list[int]]]
 ) -> tuple[int, list[str]]:
     """The ack of a few messages of a non-FIFO queue: their leased rows become acked rows
-    (``avail_at = -1``, no lease), which writes the rows' pages and an ix_waiting page and
-    nothing else; the counters move when :func:`settle_acks` deletes them."""
+    (``ACKED``, or ``ACKED_UNCOUNTED`` for a receive not counted yet; no lease), which
+    writes the rows' pages and an ix_waiting page and nothing else; the counters move when
+    :func:`settle` deletes them. A lease is current while it has not ended: its end is
+    ``avail_at``, or ``-avail_at`` for a receive not counted yet."""
     conn = t.conn
+    now = t.now
     gone: list[tuple[int, int]] = []
     for lease, ids in leases:
         for chunk in chunks(ids):
             gone += [
                 (r[0], lease)
                 for r in conn.execute(
-                    "UPDATE fairq_messages SET avail_at = -1, lease = NULL "
+                    f"UPDATE fairq_messages SET avail_at = CASE WHEN avail_at < 0 "
+                    f"THEN {ACKED_UNCOUNTED} ELSE {ACKED} END, lease = NULL "
                     f"WHERE id IN ({marks(len(chunk))}) AND lease = ? AND queue_id = ? "
-                    "AND avail_at > ? RETURNING id",
-                    (*chunk, lease, q.id, t.now),
+                    "AND (avail_at > ? OR avail_at < ?) RETURNING id",
+                    (*chunk, lease, q.id, now, -now),
                 )
             ]
     if len(gone) == len(receipts):
@@ -323,32 +333,49 @@ def _mark_acked(
         found = set(gone)
         lost = [r for r in receipts if parse_receipt(r) not in found]
     if gone:
-        t.store.acked_rows += len(gone)
+        t.store.unsettled += len(gone)
         t.op_notify.add(q.name)
     return len(gone), lost
 
 
-def settle_acks(t: Txn) -> None:
-    """Delete every acked row (of any queue, by any process) and count it: ``in_flight``
-    down, ``acked`` up, shared bodies released. Before a queue's counters or rows are read,
-    and by the writer every few hundred acks; one index probe when there are none."""
+def settle(t: Txn) -> None:
+    """Count what receives and acks left uncounted (of any queue, by any process): leases
+    not counted yet get their due time back and move from ``visible`` to ``in_flight``;
+    acked rows are deleted and move to ``acked``, shared bodies released. Before anything
+    reads a queue's counters or moves a leased row other than by an ack, and by the writer
+    every few hundred receives and acks; two index probes when there is nothing."""
     store = t.store
-    store.acked_rows = 0
+    store.unsettled = 0
     store.settled_at = t.now
-    rows = t.conn.execute(
-        "DELETE FROM fairq_messages WHERE state = 1 AND avail_at < 0 "
-        "RETURNING id, queue_id, body_ref"
+    conn = t.conn
+    for qid, attempt in conn.execute(
+        "UPDATE fairq_messages SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
+        "RETURNING queue_id, attempt"
+    ).fetchall():
+        _counted_receive(t, qid, attempt)
+    rows = conn.execute(
+        "DELETE FROM fairq_messages WHERE state = 1 AND avail_at >= -1 AND avail_at < 0 "
+        "RETURNING id, queue_id, body_ref, avail_at, attempt"
     ).fetchall()
     if not rows:
         return
     t.deleted(max(r[0] for r in rows))
-    per_queue = Counter(r[1] for r in rows)
-    for qid, n in per_queue.items():
-        t.add(qid, "in_flight", -n)
-        t.add(qid, "acked", n)
+    for _, qid, _, avail_at, attempt in rows:
+        if avail_at != ACKED:
+            _counted_receive(t, qid, attempt)
+        t.add(qid, "in_flight", -1)
+        t.add(qid, "acked", 1)
     refs = Counter(r[2] for r in rows if r[2] is not None)
     if refs:
         unref_bodies(t, refs)
+
+
+def _counted_receive(t: Txn, qid: int, attempt: int) -> None:
+    """What a receive of one message adds to its queue's counters (its ``attempt``-th)."""
+    t.add(qid, "visible", -1)
+    t.add(qid, "in_flight", 1)
+    if attempt > 1:
+        t.add(qid, "redelivered", 1)
 
 
 def dead_letter_rows(
@@ -408,6 +435,7 @@ def sweep(t: Txn) -> None:
     now = t.now
     if now < t.store.due:
         return
+    settle(t)  # every lease's end is its due time again
     while True:
         rows = conn.execute(
             "SELECT " + COLS + " FROM fairq_messages WHERE state = 1 AND avail_at >= 0 "
@@ -454,6 +482,7 @@ def current_leases(
 ) -> tuple[list[Row], list[str]]:
     """The rows whose current lease is named by ``receipts``, and the receipts that are not.
     Rows carry body and attributes only when ``full`` is asked for."""
+    settle(t)  # every lease counted, its end its due time
     parsed = [parse_receipt(r) for r in receipts]
     cols = COLS if full else _LEASE_COLS
     found: dict[int, Row] = {}
@@ -481,7 +510,7 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
     """Ack the messages of ``q`` whose current lease is named by ``receipts`` (one statement
     per lease token, no read first); return how many were acked and the receipts that named
     no current lease. A few receipts of a non-FIFO queue only mark their rows acked, for
-    :func:`settle_acks`; more, or a FIFO queue's (the next of each group moves up), are
+    :func:`settle`; more, or a FIFO queue's (the next of each group moves up), are
     deleted at once."""
     t.fold(q.id)  # the rows about to go are counted as sent first
     # the receipts of one receive share their lease: parse each lease once
@@ -498,8 +527,9 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
         for receipt in receipts:
             parse_receipt(receipt)  # raises InvalidMessage naming the malformed one
         raise
-    if len(receipts) < _MARK_BELOW and not q.config.fifo:
+    if len(receipts) < LAZY_BELOW and not q.config.fifo:
         return _mark_acked(t, q, receipts, leases)
+    settle(t)  # the receives of these rows counted
     now = t.now
     qid = q.id
     conn = t.conn
@@ -554,7 +584,7 @@ def make_room(t: Txn, q: QueueRow, n: int) -> None:
         return
     if n > cfg.max_length:
         raise QueueFull(q.name, cfg.max_length, "the batch is larger than max_length")
-    settle_acks(t)
+    settle(t)
     t.fold(q.id)
     t.flush()
     (depth,) = t.conn.execute(
@@ -633,8 +663,15 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
     insert_rows(t.conn, _INSERT, rows)
 
 
+# the earliest due time of a waiting row: a delay's or counted lease's, and a lease not
+# counted yet (its end negated, below -1)
+NEXT_DUE = (
+    "SELECT min(coalesce((SELECT MIN(avail_at) FROM fairq_messages "
+    "WHERE state = 1 AND avail_at >= 0), 1e300), coalesce(-(SELECT MAX(avail_at) "
+    "FROM fairq_messages WHERE state = 1 AND avail_at < -1), 1e300))"
+)
+
+
 def next_due(conn: sqlite3.Connection) -> float | None:
-    row = conn.execute(
-        "SELECT MIN(avail_at) FROM fairq_messages WHERE state = 1 AND avail_at >= 0"
-    ).fetchone()
-    return None if row is None or row[0] is None else float(row[0])
+    row = conn.execute(NEXT_DUE).fetchone()
+    return None if row is None or row[0] >= 1e300 else float(row[0])

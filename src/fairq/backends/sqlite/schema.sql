@@ -19,7 +19,7 @@
 --   2 blocked   in a FIFO queue, behind the head of its group (ix_fifo)
 -- and, in state 1, one more condition: an acked row (avail_at = -1, lease IS NULL). An ack
 -- of a few messages of a non-FIFO queue only marks their rows so (two B-tree pages: the
--- row and ix_waiting); messages.settle_acks deletes them and moves them from in_flight to
+-- row and ix_waiting); messages.settle deletes them and moves them from in_flight to
 -- acked, a few hundred at a time, and before anything reads a queue's counters or rows.
 -- Every query of waiting rows by due time keeps to avail_at >= 0.
 -- Message ids grow with send time (milliseconds << 16 | counter): the id is the send

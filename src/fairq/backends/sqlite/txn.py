@@ -206,8 +206,8 @@ class Store:
         # broker takes those on time, other processes a moment later (attention._take)
         self.scheduled: dict[str, dict[float, None]] = {}
         # acked rows this connection marked and has not settled yet, and when it last
-        # settled (messages.settle_acks): what tells the writer when to settle again
-        self.acked_rows = 0
+        # settled (messages.settle): what tells the writer when to settle again
+        self.unsettled = 0
         self.settled_at = -math.inf
 
     def schedule(self, domain: str, due: float, now: float) -> None:
@@ -296,7 +296,8 @@ class Txn:
         store = self.store
         saved, top = self.conn.execute(_LAST_ID).fetchone()
         store.saved_id = int(saved)
-        store.last_id = max(int(saved), int(top))
+        # rows this transaction deleted may have held the greatest id (Txn.deleted)
+        store.last_id = max(int(saved), int(top), self._deleted_top)
         return store.last_id
 
     def allocate(self, n: int, stored: bool = False) -> range:
@@ -413,8 +414,6 @@ class Txn:
             last = store.last_id
             if last is None:
                 last = self._read_last_id()
-            if self._deleted_top > last:
-                last = store.last_id = self._deleted_top
             self.conn.execute("UPDATE fairq_meta SET value = ? WHERE key = 'last_id'", (last,))
             store.saved_id = last
 

@@ -61,7 +61,7 @@ _CHECKPOINT_IDLE = 2.0  # seconds after which what little was committed is copie
 _RESTART_FRAMES = 16384
 _RESTART_WAIT_MS = 20  # the longest a RESTART checkpoint waits for the lock or readers
 # An ack only marks its rows acked (schema.sql); a transaction settles them (deletes them
-# and counts them, messages.settle_acks) once this writer has marked this many, or when
+# and counts them, messages.settle) once this writer has marked this many, or when
 # this long has passed since the last settle — which also finds rows another process
 # marked and did not settle (it died, or closed while the lock was taken)
 _SETTLE_ROWS = 256
@@ -248,7 +248,7 @@ class Writer:
         self._yield_until = 0.0
         if self._pending and self.conn is not None:
             self._flush()
-        if self._store.acked_rows and self.conn is not None:
+        if self._store.unsettled and self.conn is not None:
             self._settle(self.conn)
         conn, self.conn = self.conn, None
         if self._turns is not None:
@@ -274,7 +274,7 @@ class Writer:
             return
         try:
             t = Txn(self._store, conn, self.clock.now())
-            messages.settle_acks(t)
+            messages.settle(t)
             t.op_done()
             t.finish()
             conn.execute("COMMIT")
@@ -424,8 +424,8 @@ class Writer:
         t = Txn(self._store, conn, self.clock.now())
         messages.sweep(t)
         known = self._store
-        if known.acked_rows >= _SETTLE_ROWS or t.now - known.settled_at >= _SETTLE_EVERY:
-            messages.settle_acks(t)
+        if known.unsettled >= _SETTLE_ROWS or t.now - known.settled_at >= _SETTLE_EVERY:
+            messages.settle(t)
         t.op_done()
         if t.now - self._last_dedup_cleanup > _DEDUP_CLEANUP_EVERY:
             self._last_dedup_cleanup = t.now
