@@ -10,18 +10,20 @@
 --   version 7: counters kept for other engines (fairq_counts: RabbitMQ's ?store=)
 --   version 8: attention in worker time (virtual times, estimates, slice charges, usage)
 --   version 9: sends counted later (fairq_queues.sent_upto), so a send writes no queue row
---   version 10: acks settled later (acked rows, below), so an ack writes no queue row
+--   version 10: small receives and acks counted later (below), writing no queue row
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
 --   1 waiting   delayed (lease IS NULL) or leased (lease = token of the current delivery);
 --               ix_waiting holds when each comes due
 --   2 blocked   in a FIFO queue, behind the head of its group (ix_fifo)
--- and, in state 1, one more condition: an acked row (avail_at = -1, lease IS NULL). An ack
--- of a few messages of a non-FIFO queue only marks their rows so (two B-tree pages: the
--- row and ix_waiting); messages.settle deletes them and moves them from in_flight to
--- acked, a few hundred at a time, and before anything reads a queue's counters or rows.
--- Every query of waiting rows by due time keeps to avail_at >= 0.
+-- State 1 has two more conditions, for what is not counted yet. A receive of a few messages
+-- of a non-FIFO queue keeps its lease's end negated (avail_at < -1) and writes no queue
+-- row; an ack of a few marks its rows acked (avail_at = -1, or -0.5 when their receive was
+-- not counted either; lease IS NULL): two B-tree pages, the row and ix_waiting.
+-- messages.settle counts both (and deletes acked rows) a few hundred at a time, before
+-- anything reads a queue's counters or rows or moves a leased row otherwise. Due times
+-- are avail_at >= 0, or -avail_at below -1 (messages.NEXT_DUE).
 -- Message ids grow with send time (milliseconds << 16 | counter): the id is the send
 -- time, and rowid order is age order (ix_queue gives a queue's oldest message).
 
