@@ -244,3 +244,16 @@ async def test_receives_of_a_process_that_died_are_counted_and_redelivered(
         assert sorted(m.attempt for m in got) == [1, 1, 2, 2]
         s = await q.stats()
         assert (s.visible, s.in_flight, s.acked, s.redelivered) == (0, 4, 1, 2), s
+
+
+async def test_a_big_ack_counts_the_small_receives_it_deletes(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    async with await fairq.connect(f"sqlite:///{db}", clock=fairq.ManualClock()) as broker:
+        q = await broker.declare_queue("q")
+        n = messages.LAZY_BELOW
+        await q.send_batch([fairq.Outgoing(b"x") for _ in range(n + 1)])
+        got = [(await q.receive())[0] for _ in range(n)]  # each one uncounted
+        await q.ack_batch([m.receipt for m in got])  # deleted at once, receives counted
+        assert _raw(db, "SELECT count(*) FROM fairq_messages") == [(1,)]
+        s = await q.stats()
+        assert (s.visible, s.in_flight, s.acked, s.redelivered) == (1, 0, n, 0), s

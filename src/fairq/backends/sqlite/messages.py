@@ -511,7 +511,7 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
     per lease token, no read first); return how many were acked and the receipts that named
     no current lease. A few receipts of a non-FIFO queue only mark their rows acked, for
     :func:`settle`; more, or a FIFO queue's (the next of each group moves up), are
-    deleted at once."""
+    deleted at once, with the receives not counted yet of their rows."""
     t.fold(q.id)  # the rows about to go are counted as sent first
     # the receipts of one receive share their lease: parse each lease once
     by_lease: dict[str, list[int]] = {}
@@ -529,18 +529,18 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
         raise
     if len(receipts) < LAZY_BELOW and not q.config.fifo:
         return _mark_acked(t, q, receipts, leases)
-    settle(t)  # the receives of these rows counted
     now = t.now
     qid = q.id
     conn = t.conn
-    # (id, lease, body_ref, grp) of each deleted row
+    # (id, lease, body_ref, grp, avail_at, attempt) of each deleted row
     rows: list[Row] = []
     for lease, ids in leases:
         for chunk in chunks(ids):
             rows += conn.execute(
                 f"DELETE FROM fairq_messages WHERE id IN ({marks(len(chunk))}) AND lease = ? "
-                "AND queue_id = ? AND avail_at > ? RETURNING id, lease, body_ref, grp",
-                (*chunk, lease, qid, now),
+                "AND queue_id = ? AND (avail_at > ? OR avail_at < ?) "
+                "RETURNING id, lease, body_ref, grp, avail_at, attempt",
+                (*chunk, lease, qid, now, -now),
             ).fetchall()
     if len(rows) == len(receipts):
         lost: list[str] = []  # every receipt named a current lease (the common case)
@@ -553,6 +553,9 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
     refs = [r[2] for r in rows if r[2] is not None]
     if refs:
         unref_bodies(t, Counter(refs))
+    for r in rows:
+        if r[4] < 0:  # its receive not counted yet (settle)
+            _counted_receive(t, qid, r[5])
     t.add(qid, "in_flight", -len(rows))
     t.add(qid, "acked", len(rows))
     for r in rows:
