@@ -55,21 +55,6 @@ async def test_an_ack_marks_its_row_and_the_counts_stay_exact(tmp_path: Path) ->
         assert [m.body for m in await q.peek()] == [b"m2"]
 
 
-async def test_an_ack_writes_two_pages(tmp_path: Path) -> None:
-    db = tmp_path / "f.db"
-    async with await fairq.connect(f"sqlite:///{db}", clock=fairq.ManualClock()) as broker:
-        q = await broker.declare_queue("q")
-        for _ in range(50):
-            await q.send(b"x" * 200)
-        msgs = [(await q.receive())[0] for _ in range(50)]
-        before = _frames(db)
-        for m in msgs:
-            await m.ack()
-        # the row's page and an ix_waiting page (now and then a third, as the index's
-        # leaves change); no queue row, index by queue or last id, as a delete writes
-        assert (_frames(db) - before) / len(msgs) < 2.5
-
-
 async def test_acked_rows_are_settled_every_few_hundred(tmp_path: Path) -> None:
     db = tmp_path / "f.db"
     n = writer._SETTLE_ROWS * 3
@@ -131,7 +116,7 @@ async def test_a_fifo_queue_moves_its_groups_on_at_the_ack(tmp_path: Path) -> No
         assert second.body == b"m1"
 
 
-_ACKER = """
+_CHILD = """
 import asyncio, os, sys
 
 import fairq
@@ -139,12 +124,21 @@ import fairq
 async def main():
     broker = await fairq.connect(sys.argv[1])
     q = broker.queue("q")
-    for m in await q.receive(max_messages=int(sys.argv[2]), visibility_timeout=0.5):
+    got = [(await q.receive(visibility_timeout=0.5))[0] for _ in range(int(sys.argv[2]))]
+    for m in got[: int(sys.argv[3])]:
         await m.ack()
-    os._exit(0)  # no close: the acked rows stay marked in the file
+    os._exit(0)  # no close: its receives and acks stay uncounted in the file
 
 asyncio.run(main())
 """
+
+
+async def _receive_and_die(url: str, receive: int, ack: int) -> None:
+    """A process receives ``receive`` messages one at a time (0.5 s leases), acks the first
+    ``ack`` of them and dies without closing."""
+    args = (url, str(receive), str(ack))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _CHILD, *args)
+    assert await proc.wait() == 0
 
 
 async def test_rows_acked_by_a_process_that_died_are_settled_by_another(
@@ -155,8 +149,7 @@ async def test_rows_acked_by_a_process_that_died_are_settled_by_another(
     async with await fairq.connect(url) as broker:
         q = await broker.declare_queue("q")
         await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(5)])
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _ACKER, url, "4")
-        assert await proc.wait() == 0
+        await _receive_and_die(url, 4, 4)
         assert _acked_rows(db) == 4
         await asyncio.sleep(0.6)  # past the acked leases' 0.5 s: still none comes back
         (left,) = await q.receive(max_messages=10)
@@ -166,24 +159,26 @@ async def test_rows_acked_by_a_process_that_died_are_settled_by_another(
         assert _acked_rows(db) == 0
 
 
-def _wal_frames_per(db: Path, before: int, n: int) -> float:
-    return (_frames(db) - before) / n
-
-
-async def test_a_small_receive_writes_three_pages(tmp_path: Path) -> None:
+async def test_a_small_receive_writes_three_pages_and_a_small_ack_two(tmp_path: Path) -> None:
     db = tmp_path / "f.db"
+    n = 50
     async with await fairq.connect(f"sqlite:///{db}", clock=fairq.ManualClock()) as broker:
         q = await broker.declare_queue("q")
-        for _ in range(50):
+        for _ in range(n):
             await q.send(b"x" * 200)
         before = _frames(db)
-        for _ in range(50):
-            await q.receive()
+        msgs = [(await q.receive())[0] for _ in range(n)]
         # the row, leaving the delivery-order index, entering the due-time index; no
         # queue row (a counted receive writes four)
-        assert _wal_frames_per(db, before, 50) < 3.5
+        assert (_frames(db) - before) / n < 3.5
         s = await q.stats()
-        assert (s.visible, s.in_flight, s.sent) == (0, 50, 50), s
+        assert (s.visible, s.in_flight, s.sent) == (0, n, n), s
+        before = _frames(db)
+        for m in msgs:
+            await m.ack()
+        # the row's page and an ix_waiting page (now and then a third, as the index's
+        # leaves change); no queue row, per-queue index or last id, as a delete writes
+        assert (_frames(db) - before) / n < 2.5
 
 
 async def test_leases_and_counts_of_small_receives_are_exact(tmp_path: Path) -> None:
@@ -207,22 +202,6 @@ async def test_leases_and_counts_of_small_receives_are_exact(tmp_path: Path) -> 
         assert (s.visible, s.in_flight, s.acked, s.redelivered, s.depth) == (0, 3, 1, 2, 3)
 
 
-_RECEIVER = """
-import asyncio, os, sys
-
-import fairq
-
-async def main():
-    broker = await fairq.connect(sys.argv[1])
-    q = broker.queue("q")
-    got = [(await q.receive(visibility_timeout=0.5))[0] for _ in range(int(sys.argv[2]))]
-    await got[0].ack()
-    os._exit(0)  # no close: its receives and its ack are not counted yet
-
-asyncio.run(main())
-"""
-
-
 async def test_receives_of_a_process_that_died_are_counted_and_redelivered(
     tmp_path: Path,
 ) -> None:
@@ -230,8 +209,7 @@ async def test_receives_of_a_process_that_died_are_counted_and_redelivered(
     async with await fairq.connect(url) as broker:
         q = await broker.declare_queue("q")
         await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(5)])
-        proc = await asyncio.create_subprocess_exec(sys.executable, "-c", _RECEIVER, url, "3")
-        assert await proc.wait() == 0
+        await _receive_and_die(url, 3, 1)
         s = await q.stats()
         assert (s.visible, s.in_flight, s.acked) == (2, 2, 1), s
         # a long poll: the two leases end 0.5 s after their receive and come back then
