@@ -205,8 +205,8 @@ class Store:
         # due times of the delayed attention signals this connection wrote, per domain: its
         # broker takes those on time, other processes a moment later (attention._take)
         self.scheduled: dict[str, dict[float, None]] = {}
-        # acked rows this connection marked and has not settled yet, and when it last
-        # settled (messages.settle): what tells the writer when to settle again
+        # small receives and acks this connection left uncounted, and when it last settled
+        # (messages.settle): what tells the writer when to settle again
         self.unsettled = 0
         self.settled_at = -math.inf
 

@@ -60,10 +60,10 @@ _CHECKPOINT_IDLE = 2.0  # seconds after which what little was committed is copie
 # few frames left while holding off writers, then the next commit starts the WAL over.
 _RESTART_FRAMES = 16384
 _RESTART_WAIT_MS = 20  # the longest a RESTART checkpoint waits for the lock or readers
-# An ack only marks its rows acked (schema.sql); a transaction settles them (deletes them
-# and counts them, messages.settle) once this writer has marked this many, or when
-# this long has passed since the last settle — which also finds rows another process
-# marked and did not settle (it died, or closed while the lock was taken)
+# A small receive or ack leaves its counters uncounted (schema.sql); a transaction settles
+# them (messages.settle) once this writer has left this many, or when this long has passed
+# since the last settle — which also finds what another process left (it died, or closed
+# while the lock was taken)
 _SETTLE_ROWS = 256
 _SETTLE_EVERY = 1.0
 
@@ -266,8 +266,8 @@ class Writer:
             conn.close()
 
     def _settle(self, conn: sqlite3.Connection) -> None:
-        """Settle the rows this writer marked acked, in a transaction of their own (when
-        closing). If another process holds the lock, whoever writes next settles them."""
+        """Settle what this writer left uncounted, in a transaction of its own (when
+        closing). If another process holds the lock, whoever writes next settles it."""
         try:
             conn.execute("BEGIN IMMEDIATE")
         except sqlite3.OperationalError:
