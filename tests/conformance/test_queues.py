@@ -594,12 +594,8 @@ async def test_rule13_stats(broker: fairq.Broker, clock: fairq.ManualClock) -> N
 
 
 # -- rule 14: durability (restart; kill -9 lives in tests/reliability) ---------------------
-@pytest.mark.requires("leases.process")
-async def test_rule14_reopen_keeps_everything(
-    url: str, clock: fairq.ManualClock, backend_name: str
-) -> None:
-    if backend_name == "memory":
-        pytest.skip("memory:// keeps nothing by design")
+@pytest.mark.requires("leases.process", "persistence")
+async def test_rule14_reopen_keeps_everything(url: str, clock: fairq.ManualClock) -> None:
     async with await fairq.connect(url, clock=clock) as b:
         q = await b.declare_queue("durable", visibility_timeout=30)
         ids = await q.send_batch([Outgoing(str(i)) for i in range(10)])

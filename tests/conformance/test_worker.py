@@ -232,12 +232,11 @@ async def test_worker_needs_a_handler_and_a_declared_queue(live_broker: fairq.Br
         worker.queue("never-declared")(handle)  # one handler per queue
 
 
+@pytest.mark.requires("persistence")
 async def test_worker_connects_from_a_url(url: str) -> None:
     async with await fairq.connect(url) as b:
         q = await b.declare_queue("jobs")
         await q.send(b"x")
-        if url.startswith("memory"):
-            pytest.skip("memory:// is private to its broker")
     worker = fairq.Worker(url, handle_signals=False, poll_wait=0.1)
     done = asyncio.Event()
 

@@ -21,9 +21,14 @@ def _section(title: str) -> str:
     return text[start : end if end != -1 else None]
 
 
-@pytest.mark.parametrize("scheme", ["memory", "sqlite", "redis", "postgresql"])
+@pytest.mark.parametrize("scheme", ["sqlite", "redis", "postgresql"])
 def test_backends_that_lack_nothing_list_nothing(scheme: str) -> None:
     assert backend_class(scheme).missing == {}
+
+
+def test_memory_lacks_only_persistence() -> None:
+    assert set(backend_class("memory").missing) == {"persistence"}
+    assert "`memory://`" in DOCS.read_text() and "nothing survives" in DOCS.read_text()
 
 
 def test_every_capability_rabbitmq_lacks_has_its_row() -> None:

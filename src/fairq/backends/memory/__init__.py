@@ -7,6 +7,9 @@ module and class, stacked into :class:`MemoryBackend`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 from .attention import MemoryAttention
 from .counts import MemoryCounts
 from .idempotency import MemoryIdempotency
@@ -20,3 +23,9 @@ class MemoryBackend(
     MemoryAttention, MemoryIdempotency, MemoryTopics, MemoryWaitingRoom, MemoryCounts
 ):
     """All state in this process; see the module docstring."""
+
+    # the capability table (base.Backend.missing): what this backend does not do by design
+    missing: ClassVar[Mapping[str, str]] = {
+        "persistence": "nothing survives the broker: every connect() to memory:// starts "
+        "empty and no other broker or process sees its queues",
+    }
