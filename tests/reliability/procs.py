@@ -66,8 +66,9 @@ async def publish_then_die(url: str, keys: int) -> None:
         await a.publish_batch("store-0", [fairq.Outgoing(b"lost")] * 3)
 
 
-async def consume(url: str, seconds: float) -> None:
-    """Long-poll and ack for ``seconds``; print each message's id and its latency."""
+async def consume(url: str, seconds: float, hold: float = 0.0) -> None:
+    """Long-poll and ack for ``seconds``; print each message's id and its latency (on
+    receipt), then hold it ``hold`` seconds before the ack."""
     async with await fairq.connect(url) as broker:
         q = broker.queue("work")
         print("ready", flush=True)
@@ -75,8 +76,17 @@ async def consume(url: str, seconds: float) -> None:
         while time.monotonic() < end:
             for m in await q.receive(wait=min(1.0, max(0.01, end - time.monotonic()))):
                 latency = time.time() - float(m.body)
-                await m.ack()
                 print("got", m.id, f"{latency:.4f}", flush=True)
+                if hold:
+                    await asyncio.sleep(hold)
+                await m.ack()
+
+
+async def consume_slowly(url: str, seconds: float) -> None:
+    """``consume``, each message held 0.15 s: a consumer busy with one message leaves the
+    next send (0.1 s later in test_crash) to the other consumer, so both get work however
+    the engine orders two waiting receivers."""
+    await consume(url, seconds, hold=0.15)
 
 
 async def attention_worker(url: str, slots: int) -> None:
@@ -103,8 +113,9 @@ if __name__ == "__main__":
         "hold": hold_leases,
         "send": send_batches,
         "consume": consume,
+        "consume-slowly": consume_slowly,
         "attention": publish_attention,
         "attention-worker": attention_worker,
         "attention-die": publish_then_die,
     }[role]
-    asyncio.run(main(url, int(arg) if role != "consume" else float(arg)))  # type: ignore[operator]
+    asyncio.run(main(url, float(arg) if role.startswith("consume") else int(arg)))  # type: ignore[operator]

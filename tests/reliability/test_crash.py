@@ -125,7 +125,7 @@ async def _killed_producer(url: str) -> None:
 async def test_one_producer_two_consumer_processes(url: str) -> None:
     async with await fairq.connect(url) as broker:
         q = await broker.declare_queue("work")
-        consumers = [spawn("consume", url, 6.0) for _ in range(2)]
+        consumers = [spawn("consume-slowly", url, 7.0) for _ in range(2)]
         for c in consumers:
             read_line(c, "ready")
         await asyncio.sleep(0.3)  # both are now in a long poll
