@@ -28,7 +28,8 @@ def test_backends_that_lack_nothing_list_nothing(scheme: str) -> None:
 
 def test_memory_lacks_only_persistence() -> None:
     assert set(backend_class("memory").missing) == {"persistence"}
-    assert "`memory://`" in DOCS.read_text() and "nothing survives" in DOCS.read_text()
+    text = DOCS.read_text()
+    assert "`memory://`" in text and "nothing survives" in text
 
 
 def test_every_capability_rabbitmq_lacks_has_its_row() -> None:
