@@ -95,13 +95,22 @@ def _category(m: _Msg) -> str:
     return "visible"
 
 
+_COMPACT_MIN = 1024  # entries of the waiting heap below which it is never compacted
+
+
 class MemoryQueues(Backend):
     """Queues in this process's memory; the base of the other memory capabilities."""
 
     def __init__(self, clock: Clock) -> None:
         super().__init__(clock)
         self._queues: dict[str, _Queue] = {}
+        # (avail_at, id, version, message) of each delayed or leased message, earliest first.
+        # An entry goes stale when its message moves on (acked, nacked, extended); stale
+        # entries are dropped when they reach the top, or all at once when the heap has
+        # doubled since the last look (_push_waiting), so a busy worker's acked messages are
+        # not kept until their leases would have ended
         self._waiting: list[tuple[float, int, int, _Msg]] = []
+        self._compact_at = _COMPACT_MIN
         self._last_id = 0
         self._closed = False
 
@@ -138,7 +147,16 @@ class MemoryQueues(Backend):
         if state == READY:
             heapq.heappush(q.ready, (-m.priority, avail_at, m.id, m.version, m))
         elif state == WAITING:
-            heapq.heappush(self._waiting, (avail_at, m.id, m.version, m))
+            self._push_waiting((avail_at, m.id, m.version, m))
+
+    def _push_waiting(self, entry: tuple[float, int, int, _Msg]) -> None:
+        heap = self._waiting
+        heapq.heappush(heap, entry)
+        if len(heap) > self._compact_at:
+            # in place: a sweep popping from this list goes on with the compacted one
+            heap[:] = [e for e in heap if e[3].version == e[2] and e[3].state == WAITING]
+            heapq.heapify(heap)
+            self._compact_at = max(_COMPACT_MIN, 2 * len(heap))
 
     def _insert(
         self,
