@@ -141,16 +141,24 @@ _PER_QUEUE = "CREATE INDEX ix_queue ON m (queue_id);"
 _FAIRQ = _ROWID + _READY + _WAITING + _PER_QUEUE
 _SETTLE_ROWS = 256  # as fairq's writer (backends/sqlite/writer.py)
 
-# name: (schema, whether receive and ack update the queue's counters, whether they leave
-# them to a settle step every _SETTLE_ROWS, as fairq since schema 10: the receive keeps its
-# lease's end negated, the ack marks the row acked — or count at once, deleting the row)
-VARIANTS: dict[str, tuple[str, bool, bool]] = {
-    "fairq's schema, counted later (schema 10)": (_FAIRQ, True, True),
-    "fairq's schema, counted at once (schema 9)": (_FAIRQ, True, False),
-    "without the per-queue index": (_ROWID + _READY + _WAITING, True, False),
-    "without the counter updates": (_FAIRQ, False, False),
-    "without both": (_ROWID + _READY + _WAITING, False, False),
-    "WITHOUT ROWID (queue, id), no counters": (_CLUSTERED + _READY + _WAITING, False, False),
+# how receive and ack treat the counters: at once (an UPDATE of the queue's row in each),
+# later (fairq since schema 10: the receive keeps its lease's end negated in state 1, the ack
+# marks the row acked, a settle step every _SETTLE_ROWS counts both and deletes acked rows),
+# in place (a study, not fairq: as later, but a leased row stays in state 0 — its entry in
+# the delivery-order index moves to the front of its queue's range, most often on the same
+# page — so a receive writes two B-tree pages instead of three; the receive seeks past
+# those entries, and the settle step needs a small table naming the queues it must visit),
+# or not at all
+AT_ONCE, LATER, IN_PLACE, NONE = "at once", "later", "in place", "none"
+# name: (schema, counting)
+VARIANTS: dict[str, tuple[str, str]] = {
+    "fairq's schema, counted later (schema 10)": (_FAIRQ, LATER),
+    "fairq's schema, counted at once (schema 9)": (_FAIRQ, AT_ONCE),
+    "leased in place (a study)": (_FAIRQ, IN_PLACE),
+    "without the per-queue index": (_ROWID + _READY + _WAITING, AT_ONCE),
+    "without the counter updates": (_FAIRQ, NONE),
+    "without both": (_ROWID + _READY + _WAITING, NONE),
+    "WITHOUT ROWID (queue, id), no counters": (_CLUSTERED + _READY + _WAITING, NONE),
 }
 
 
@@ -161,14 +169,16 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
-def _floor(
-    directory: str, schema: str, counters: bool, n: int, later: bool = False
-) -> tuple[float, float]:
-    """CPU seconds per one-message send, and per receive+ack pair, as fairq issues them."""
+def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, float, float, float]:
+    """CPU seconds per one-message send and per receive+ack pair, as fairq issues them, and
+    the WAL frames (B-tree pages) each writes: a count the machine's noise does not move."""
     tmp = tempfile.mkdtemp(prefix="fairq-floor-", dir=directory)
     conn = _connect(os.path.join(tmp, "f.db"))
+    later = counting in (LATER, IN_PLACE)
     try:
         conn.executescript(_QUEUES + schema)
+        if counting == IN_PLACE:
+            conn.execute("CREATE TABLE lazy (queue_id INTEGER PRIMARY KEY)")
         ex = conn.execute
         base = int(time.time() * 1000) << 16
         t0 = time.thread_time()
@@ -182,41 +192,63 @@ def _floor(
             )
             ex("COMMIT")
         send = (time.thread_time() - t0) / n
+        # checkpoints are off, so the WAL holds every frame since it began; empty it
+        sent_frames = ex("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+        ex("PRAGMA wal_checkpoint(TRUNCATE)")
         t0 = time.thread_time()
         unsettled = 0
+        registered = False
+        # the leased state, the one the receive takes from, and the ready rows' condition
+        held, ready = (0, "AND priority = 0 AND avail_at >= 0") if counting == IN_PLACE else (1, "")
         for i in range(n):
             now = time.time()
             ex("BEGIN IMMEDIATE")
             ex("PRAGMA data_version").fetchone()
             if later and unsettled >= _SETTLE_ROWS:  # settle: count leases, delete acked rows
-                k = len(
-                    ex(
-                        "UPDATE m SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
-                        "RETURNING queue_id, attempt"
-                    ).fetchall()
-                )
+                if counting == IN_PLACE:
+                    ex("SELECT queue_id FROM lazy").fetchall()
+                    ex("DELETE FROM lazy")
+                    registered = False
+                    k = len(
+                        ex(
+                            "UPDATE m SET state = 1, avail_at = -avail_at WHERE queue_id = 1 "
+                            "AND state = 0 AND priority = 0 AND avail_at < -1 "
+                            "RETURNING queue_id, attempt"
+                        ).fetchall()
+                    )
+                else:
+                    k = len(
+                        ex(
+                            "UPDATE m SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
+                            "RETURNING queue_id, attempt"
+                        ).fetchall()
+                    )
                 ex(
                     "UPDATE q SET visible = visible - ?, in_flight = in_flight + ? WHERE id = 1",
                     (k, k),
                 )
                 k = len(
                     ex(
-                        "DELETE FROM m WHERE state = 1 AND avail_at >= -1 AND avail_at < 0 "
-                        "RETURNING id, queue_id, body_ref, avail_at, attempt"
+                        f"DELETE FROM m WHERE state = {held} AND avail_at >= -1 AND avail_at < 0 "
+                        + ("AND queue_id = 1 AND priority = 0 " if held == 0 else "")
+                        + "RETURNING id, queue_id, body_ref, avail_at, attempt"
                     ).fetchall()
                 )
                 ex("UPDATE q SET visible = visible - ?, acked = acked + ? WHERE id = 1", (k, k))
                 unsettled = 0
+            if counting == IN_PLACE and not registered:
+                ex("INSERT OR IGNORE INTO lazy (queue_id) VALUES (1)")
+                registered = True
             (row,) = ex(
                 "SELECT id, priority, attempt, grp, body, attrs FROM m WHERE queue_id = 1 "
-                "AND state = 0 ORDER BY priority DESC, avail_at, id LIMIT 1"
+                f"AND state = 0 {ready} ORDER BY priority DESC, avail_at, id LIMIT 1"
             ).fetchall()
             ex(
-                "UPDATE m SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "
+                f"UPDATE m SET state = {held}, avail_at = ?, attempt = attempt + 1, lease = ? "
                 "WHERE queue_id = 1 AND id = ?",
                 (-(now + 30) if later else now + 30, i + 1, row[0]),
             )
-            if counters and not later:
+            if counting == AT_ONCE:
                 ex("UPDATE q SET visible = visible - 1, in_flight = in_flight + 1 WHERE id = 1")
             ex("COMMIT")
             ex("BEGIN IMMEDIATE")
@@ -237,10 +269,12 @@ def _floor(
             if not gone:
                 raise RuntimeError("the ack found no lease")
             unsettled += 2
-            if counters and not later:
+            if counting == AT_ONCE:
                 ex("UPDATE q SET in_flight = in_flight - 1, acked = acked + 1 WHERE id = 1")
             ex("COMMIT")
-        return send, (time.thread_time() - t0) / n
+        pair = (time.thread_time() - t0) / n
+        pair_frames = ex("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+        return send, pair, sent_frames / n, pair_frames / n
     finally:
         conn.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -307,8 +341,9 @@ def _bodies(directory: str, schema: str, size: int, batch: int, n: int) -> tuple
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _peers(directory: str, n: int) -> tuple[float, float]:
-    """huey's storage.enqueue, and dequeue (huey has no ack), at synchronous=NORMAL."""
+def _peers(directory: str, n: int) -> tuple[float, float, float, float]:
+    """huey's storage.enqueue, and dequeue (huey has no ack), at synchronous=NORMAL, as
+    :func:`_floor` measures them."""
     from huey import SqliteHuey
 
     tmp = tempfile.mkdtemp(prefix="fairq-floor-huey-", dir=directory)
@@ -316,15 +351,21 @@ def _peers(directory: str, n: int) -> tuple[float, float]:
         storage = SqliteHuey(
             name="b", filename=os.path.join(tmp, "h.db"), journal_mode="wal"
         ).storage
-        storage.conn.execute("PRAGMA synchronous = NORMAL")
+        conn = storage.conn
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("PRAGMA wal_autocheckpoint = 0")
         t0 = time.thread_time()
         for _ in range(n):
             storage.enqueue(BODY)
         send = (time.thread_time() - t0) / n
+        sent_frames = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         t0 = time.thread_time()
         for _ in range(n):
             storage.dequeue()
-        return send, (time.thread_time() - t0) / n
+        taken = (time.thread_time() - t0) / n
+        taken_frames = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()[1]
+        return send, taken, sent_frames / n, taken_frames / n
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -355,18 +396,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             ]
             print(f"{f'{size} B, {batch}':14s}" + "".join(f"{c:>48s}" for c in cells))
         return 0
-    results: dict[str, list[tuple[float, float]]] = {}
+    results: dict[str, list[tuple[float, float, float, float]]] = {}
     for _ in range(a.rounds):  # the variants interleaved, so noise hits them alike
-        for name, (schema, counters, later) in VARIANTS.items():
-            results.setdefault(name, []).append(_floor(a.dir, schema, counters, a.n, later))
+        for name, (schema, counting) in VARIANTS.items():
+            results.setdefault(name, []).append(_floor(a.dir, schema, counting, a.n))
         with contextlib.suppress(ImportError):  # huey is a bench extra
             results.setdefault("huey enqueue / dequeue (no ack)", []).append(_peers(a.dir, a.n))
-    print(f"{'variant':42s} {'send':>10s} {'recv+ack':>10s}   (min; median) in {a.dir}")
-    for name, runs in results.items():
-        sends, cycles = [r[0] * 1e6 for r in runs], [r[1] * 1e6 for r in runs]
+    print(
+        f"{'variant':42s} {'send':>10s} {'recv+ack':>10s}   (min; median) in {a.dir}"
+        "   WAL frames: send, recv+ack"
+    )
+    for name, measured in results.items():
+        sends, cycles = [r[0] * 1e6 for r in measured], [r[1] * 1e6 for r in measured]
         print(
             f"{name:42s} {min(sends):8.1f} µs {min(cycles):8.1f} µs   "
             f"({statistics.median(sends):.1f}; {statistics.median(cycles):.1f})"
+            f"   {statistics.median(r[2] for r in measured):.2f}, "
+            f"{statistics.median(r[3] for r in measured):.2f}"
         )
     return 0
 
