@@ -6,8 +6,6 @@ key prefix on the shared Redis."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,24 +14,6 @@ import fairq
 from fairq.attention import Slice
 from fairq.backends.amqp.tickets import MISSES, tickets_of
 from fairq.model.queues import Envelope
-from services import backend_url, drop_namespace, rabbit_vhost
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> Iterator[str]:
-    with rabbit_vhost() as vhost:
-        store = backend_url("redis", tmp_path, vhost)
-        yield f"amqp://guest:guest@127.0.0.1:5672/{vhost}?store={store}"
-        drop_namespace(store)
-
-
-@pytest.fixture
-async def broker(url: str) -> AsyncIterator[fairq.Broker]:
-    b = await fairq.connect(url)
-    try:
-        yield b
-    finally:
-        await b.close()
 
 
 async def tickets(broker: fairq.Broker, queue: str) -> fairq.QueueStats:

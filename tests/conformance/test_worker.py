@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 
 import fairq
+import held
 from races import extensions_after_acks
 
 
@@ -318,10 +319,7 @@ async def test_memory_stays_flat_while_a_worker_is_busy(
     with the messages it has handled. (A backend that kept acked messages, bodies
     included, until their leases would have ended grew by every body while its worker
     never ran out of work.)"""
-    import gc
-    import tracemalloc
-
-    size, total, first, last = 2000, 10_000, 1000, 9000
+    first, last = 1000, 9000
     worker = fairq.Worker(live_broker, concurrency=50, handle_signals=False, poll_wait=0.2)
     handled = 0
 
@@ -330,36 +328,10 @@ async def test_memory_stays_flat_while_a_worker_is_busy(
         nonlocal handled
         handled += 1
 
-    seen: list[int] = []  # bytes traced once `first`, then `last` messages were handled
-    tracemalloc.start()
-    task = asyncio.create_task(worker.run())
-    try:
-        sent = 0
-        # a backlog of 1,000-1,250 until all are sent: the worker never idles before `last`
-        deadline = time.monotonic() + 120
-        while len(seen) < 2:
-            assert time.monotonic() < deadline and not task.done(), (sent, handled, seen)
-            if handled >= (first, last)[len(seen)]:
-                gc.collect()  # here, between two sends: no batch of the producer in flight
-                seen.append(tracemalloc.get_traced_memory()[0])
-            elif sent < total and sent - handled < 1000:
-                # bodies of their own: none shared by two messages
-                await q.send_batch([fairq.Outgoing(os.urandom(size)) for _ in range(250)])
-                sent += 250
-            else:
-                await asyncio.sleep(0.002)
-        await _settled(q, sent, 60)
-    finally:
-        tracemalloc.stop()
-        worker.stop()
-        await asyncio.wait_for(task, 10)
+    async def feed() -> int:
+        await q.send_batch([fairq.Outgoing(os.urandom(held.BODY)) for _ in range(250)])
+        return 250
+
+    grown = await held.growth_while_busy(worker, lambda: handled, feed, 10_000, first, last)
     # 8,000 messages (16 MB of bodies) handled in between; keeping a fifth would show
-    assert seen[1] - seen[0] < size * (last - first) / 5, seen
-
-
-async def _settled(q: fairq.Queue, acked: int, limit: float) -> None:
-    done = drained(q, acked)
-    deadline = time.monotonic() + limit
-    while not await done():
-        assert time.monotonic() < deadline, f"{acked} messages not acked in {limit} s"
-        await asyncio.sleep(0.02)
+    assert grown < held.BODY * (last - first) / 5, grown

@@ -7,7 +7,7 @@ due on time."""
 from __future__ import annotations
 
 import fairq
-from fairq.backends.memory.queues import _COMPACT_MIN
+from fairq.backends.heaps import COMPACT_MIN
 
 
 def _heap(broker: fairq.Broker) -> list[object]:
@@ -26,7 +26,7 @@ async def test_acked_messages_do_not_pile_up_in_the_heap() -> None:
                 msgs = await q.receive(max_messages=100)
                 assert len(msgs) == 100
                 await q.ack_batch([m.receipt for m in msgs])
-            assert len(_heap(broker)) <= 2 * _COMPACT_MIN
+            assert len(_heap(broker)) <= 2 * COMPACT_MIN
         assert (await q.stats()).acked == 20_000
     finally:
         await broker.close()
@@ -44,7 +44,7 @@ async def test_leases_and_delays_still_come_due_after_a_compaction() -> None:
             await q.send_batch([fairq.Outgoing(b"churn") for _ in range(1000)])
             while msgs := await q.receive(max_messages=100):
                 await q.ack_batch([m.receipt for m in msgs])
-        assert len(_heap(broker)) < _COMPACT_MIN
+        assert len(_heap(broker)) < COMPACT_MIN
         clock.advance(31)  # the held lease ends: delivered again
         (again,) = await q.receive()
         assert (again.id, again.attempt) == (held.id, 2)

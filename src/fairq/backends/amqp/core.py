@@ -16,6 +16,7 @@ from ...clock import Clock
 from ...errors import ConnectionError
 from ...message import format_id, next_id_base
 from ...model.queues import QueueConfig
+from .. import heaps
 from ..base import Backend
 from . import topology
 from .feeds import Feed, Lease
@@ -44,7 +45,9 @@ class AmqpCore(Backend):
         self._configs: dict[str, tuple[QueueConfig, float]] = {}
         self._feeds: dict[str, Feed] = {}
         self._leases: dict[str, Lease] = {}
-        self._deadlines: list[tuple[float, str]] = []  # (deadline, receipt), lazily cleaned
+        # (deadline, receipt) of each lease; stale ones go at the top or on compaction
+        self._deadlines: list[tuple[float, str]] = []
+        self._deadlines_limit = heaps.COMPACT_MIN  # (heaps.push)
         self._counts: dict[str, dict[str, int]] = {}
         self._bound: set[str] = set()  # queues bound on fairq/due in this process
         self._wheel_ready = False

@@ -12,6 +12,7 @@ from typing import Any
 from ...errors import LeaseLost, QueueFull, QueueNotFound
 from ...message import Received, id_time, make_receipt, parse_id, parse_receipt
 from ...model.queues import QueueConfig
+from .. import heaps
 from ..rules import dead_letter_attributes
 from . import topology
 from .core import AmqpCore
@@ -114,7 +115,7 @@ class AmqpLeases(AmqpCore):
         receipt = make_receipt(number, (self._tag << 32) | next(self._seq))
         self._leases[receipt] = lease
         feed.leases += 1
-        heapq.heappush(self._deadlines, (lease.deadline, receipt))
+        self._deadline(lease.deadline, receipt)
         self._kick.set()
         if attempt > 1:
             self._count(queue, "redelivered")
@@ -277,7 +278,7 @@ class AmqpLeases(AmqpCore):
                 lost.append(receipt)
                 continue
             lease.deadline = now + seconds
-            heapq.heappush(self._deadlines, (lease.deadline, receipt))
+            self._deadline(lease.deadline, receipt)
             if lease.ticket is not None:
                 ticketed.append(lease)
         self._kick.set()
@@ -323,6 +324,17 @@ class AmqpLeases(AmqpCore):
         """The leases now end ``seconds`` from now: their tickets' leases follow."""
 
     # -- lease ends ------------------------------------------------------------------------
+    def _deadline(self, deadline: float, receipt: str) -> None:
+        """Keep the lease of ``receipt`` until ``deadline`` (its entry in the heap)."""
+        self._deadlines_limit = heaps.push(
+            self._deadlines, (deadline, receipt), self._deadlines_limit, self._standing
+        )
+
+    def _standing(self, entry: tuple[float, str]) -> bool:
+        """Whether a heap entry is still its lease's end (not settled, not extended)."""
+        lease = self._leases.get(entry[1])
+        return lease is not None and lease.deadline == entry[0]
+
     async def _expire_leases(self) -> None:
         """Give back every lease of this process whose visibility timeout has run out."""
         heap = self._deadlines

@@ -30,6 +30,7 @@ from ...message import (
     parse_receipt,
 )
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
+from .. import heaps
 from ..base import Backend
 from ..rules import (
     DedupPlan,
@@ -95,7 +96,10 @@ def _category(m: _Msg) -> str:
     return "visible"
 
 
-_COMPACT_MIN = 1024  # entries of the waiting heap below which it is never compacted
+def _current(entry: tuple[float, int, int, _Msg]) -> bool:
+    """Whether an entry of the waiting heap still stands for its message's due time."""
+    m = entry[3]
+    return m.version == entry[2] and m.state == WAITING
 
 
 class MemoryQueues(Backend):
@@ -104,13 +108,11 @@ class MemoryQueues(Backend):
     def __init__(self, clock: Clock) -> None:
         super().__init__(clock)
         self._queues: dict[str, _Queue] = {}
-        # (avail_at, id, version, message) of each delayed or leased message, earliest first.
-        # An entry goes stale when its message moves on (acked, nacked, extended); stale
-        # entries are dropped when they reach the top, or all at once when the heap has
-        # doubled since the last look (_push_waiting), so a busy worker's acked messages are
-        # not kept until their leases would have ended
+        # (avail_at, id, version, message) of each delayed or leased message, earliest first;
+        # an entry goes stale when its message moves on (acked, nacked, extended), and stale
+        # ones are dropped at the top or whenever the heap doubles (heaps.push)
         self._waiting: list[tuple[float, int, int, _Msg]] = []
-        self._compact_at = _COMPACT_MIN
+        self._compact_at = heaps.COMPACT_MIN
         self._last_id = 0
         self._closed = False
 
@@ -147,16 +149,8 @@ class MemoryQueues(Backend):
         if state == READY:
             heapq.heappush(q.ready, (-m.priority, avail_at, m.id, m.version, m))
         elif state == WAITING:
-            self._push_waiting((avail_at, m.id, m.version, m))
-
-    def _push_waiting(self, entry: tuple[float, int, int, _Msg]) -> None:
-        heap = self._waiting
-        heapq.heappush(heap, entry)
-        if len(heap) > self._compact_at:
-            # in place: a sweep popping from this list goes on with the compacted one
-            heap[:] = [e for e in heap if e[3].version == e[2] and e[3].state == WAITING]
-            heapq.heapify(heap)
-            self._compact_at = max(_COMPACT_MIN, 2 * len(heap))
+            entry = (avail_at, m.id, m.version, m)
+            self._compact_at = heaps.push(self._waiting, entry, self._compact_at, _current)
 
     def _insert(
         self,
