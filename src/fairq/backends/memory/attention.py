@@ -30,6 +30,7 @@ from ...model.attention import (
     TenantStats,
 )
 from ...model.queues import Envelope, QueueConfig
+from .. import heaps
 from ..attention_policy import (
     KeyView,
     check_change,
@@ -110,12 +111,23 @@ class _Domain:
     ready: int = 0  # live ready signals, over all tenants
     delayed: list[tuple[float, int, _Signal]] = field(default_factory=list)
     slices: dict[str, _SliceRec] = field(default_factory=dict)
-    leases: list[tuple[float, str]] = field(default_factory=list)
+    leases: list[tuple[float, str]] = field(default_factory=list)  # (lease end, token)
+    leases_limit: int = heaps.COMPACT_MIN  # (heaps.push: ended or extended slices)
     turn_counter: int = 0
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ATTENTION_COUNTERS, 0))
     discarded: dict[str, int] = field(default_factory=dict)
     clear_sum: float = 0.0
     clear_count: int = 0
+
+
+def _lease_end(d: _Domain, until: float, token: str) -> None:
+    """Keep the slice ``token`` until ``until`` (its entry in the domain's lease heap)."""
+
+    def current(entry: tuple[float, str]) -> bool:
+        rec = d.slices.get(entry[1])
+        return rec is not None and rec.lease_until == entry[0]
+
+    d.leases_limit = heaps.push(d.leases, (until, token), d.leases_limit, current)
 
 
 class MemoryAttention(MemoryQueues):
@@ -367,7 +379,7 @@ class MemoryAttention(MemoryQueues):
             token = secrets.token_hex(12)
             lease_until = now + d.config.slice_lease
             d.slices[token] = _SliceRec(token, k.key, lease_until, t.name, charged, now)
-            heapq.heappush(d.leases, (lease_until, token))
+            _lease_end(d, lease_until, token)
             k.active += 1
             k.tokens, k.tokens_at = view.tokens, now
             if decision.fan_out:
@@ -412,7 +424,7 @@ class MemoryAttention(MemoryQueues):
         if rec is None:
             return False
         rec.lease_until = now + d.config.slice_lease
-        heapq.heappush(d.leases, (rec.lease_until, token))
+        _lease_end(d, rec.lease_until, token)
         return True
 
     async def attention_end(

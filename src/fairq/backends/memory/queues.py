@@ -66,6 +66,7 @@ class _Queue:
     config: QueueConfig
     msgs: OrderedDict[int, _Msg] = field(default_factory=OrderedDict)
     ready: list[tuple[int, float, int, int, _Msg]] = field(default_factory=list)
+    ready_limit: int = heaps.COMPACT_MIN  # (heaps.push: dropped or dead-lettered while ready)
     visible: int = 0
     delayed: int = 0
     in_flight: int = 0
@@ -100,6 +101,12 @@ def _current(entry: tuple[float, int, int, _Msg]) -> bool:
     """Whether an entry of the waiting heap still stands for its message's due time."""
     m = entry[3]
     return m.version == entry[2] and m.state == WAITING
+
+
+def _ready(entry: tuple[int, float, int, int, _Msg]) -> bool:
+    """Whether an entry of a queue's ready heap still stands for its message."""
+    m = entry[4]
+    return m.version == entry[3] and m.state == READY
 
 
 class MemoryQueues(Backend):
@@ -147,7 +154,8 @@ class MemoryQueues(Backend):
             setattr(q, before, getattr(q, before) - 1)
             setattr(q, after, getattr(q, after) + 1)
         if state == READY:
-            heapq.heappush(q.ready, (-m.priority, avail_at, m.id, m.version, m))
+            ready = (-m.priority, avail_at, m.id, m.version, m)
+            q.ready_limit = heaps.push(q.ready, ready, q.ready_limit, _ready)
         elif state == WAITING:
             entry = (avail_at, m.id, m.version, m)
             self._compact_at = heaps.push(self._waiting, entry, self._compact_at, _current)
