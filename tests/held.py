@@ -17,19 +17,41 @@ BODY = 2000  # bytes of each message's body: let each be os.urandom(BODY), none 
 BACKLOG = 1000  # the feed keeps about this many messages ahead of the worker
 
 
-async def growth_while_busy(
+async def assert_flat_while_busy(
+    worker: fairq.Worker,
+    route: Callable[[Callable[[fairq.Received], Awaitable[None]]], object],
+    feed: Callable[[], Awaitable[int]],
+    total: int,
+    first: int,
+    last: int,
+    limit: float = 120,
+) -> None:
+    """Give ``worker`` a no-op handler through ``route`` (``worker.queue(name)``, ...) and
+    run it while ``feed()`` (which sends some messages and says how many) keeps a backlog
+    of about ``BACKLOG``, up to ``total``; the bytes traced after ``last`` messages were
+    handled minus after ``first`` must stay under a fifth of the bodies handled in
+    between. Memory is read between two feeds, so none of the producer's sends is in
+    flight then; the worker is stopped at the end."""
+    count = 0
+
+    async def handle(msg: fairq.Received) -> None:
+        nonlocal count
+        count += 1
+
+    route(handle)
+    grown = await _growth(worker, lambda: count, feed, total, first, last, limit)
+    assert grown < BODY * (last - first) / 5, f"{grown} bytes more after {last - first} messages"
+
+
+async def _growth(
     worker: fairq.Worker,
     handled: Callable[[], int],
     feed: Callable[[], Awaitable[int]],
     total: int,
     first: int,
     last: int,
-    limit: float = 120,
+    limit: float,
 ) -> int:
-    """Run ``worker`` while ``feed()`` (which sends some messages and says how many) keeps a
-    backlog of about ``BACKLOG``, up to ``total``; return the bytes traced after ``last``
-    messages were handled minus after ``first``. Memory is read between two feeds, so
-    none of the producer's sends is in flight then; the worker is stopped at the end."""
     seen: list[int] = []
     tracemalloc.start()
     task = asyncio.create_task(worker.run())

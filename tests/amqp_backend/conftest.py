@@ -3,7 +3,7 @@ prefix on the shared Redis."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,9 +21,6 @@ def url(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.fixture
-async def broker(url: str) -> AsyncIterator[fairq.Broker]:
-    b = await fairq.connect(url)
-    try:
-        yield b
-    finally:
-        await b.close()
+def broker(live_broker: fairq.Broker) -> fairq.Broker:
+    """The suite's real-clock broker (tests/conftest.py), on this vhost."""
+    return live_broker

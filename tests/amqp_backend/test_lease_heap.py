@@ -15,15 +15,20 @@ def _heap(broker: fairq.Broker) -> list[tuple[float, str]]:
     return broker.backend._deadlines  # type: ignore[attr-defined,no-any-return]
 
 
+async def _take_and_ack(q: fairq.Queue, n: int) -> None:
+    got = 0
+    while got < n:
+        msgs = await q.receive(max_messages=100, wait=5)
+        assert msgs, f"{got} of {n}"
+        await q.ack_batch([m.receipt for m in msgs])
+        got += len(msgs)
+
+
 async def test_acked_leases_do_not_pile_up(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("jobs", visibility_timeout=600)
     for _ in range(6):  # 3,000 leases taken and acked, each ending in 10 minutes
         await q.send_batch([fairq.Outgoing(b"x") for _ in range(500)])
-        got = 0
-        while got < 500:
-            msgs = await q.receive(max_messages=100, wait=5)
-            await q.ack_batch([m.receipt for m in msgs])
-            got += len(msgs)
+        await _take_and_ack(q, 500)
         assert len(_heap(broker)) <= 2 * COMPACT_MIN
     assert (await q.stats()).acked == 3000
 
@@ -33,11 +38,7 @@ async def test_a_lease_still_ends_after_compactions(broker: fairq.Broker) -> Non
     await q.send(b"held")
     (held,) = await q.receive(wait=5, visibility_timeout=2)
     await q.send_batch([fairq.Outgoing(b"churn") for _ in range(2500)])
-    got = 0
-    while got < 2500:
-        msgs = await q.receive(max_messages=100, wait=5)
-        await q.ack_batch([m.receipt for m in msgs])
-        got += len(msgs)
+    await _take_and_ack(q, 2500)
     assert len(_heap(broker)) < COMPACT_MIN
     await asyncio.sleep(2.5)  # the held lease ends: delivered again
     (again,) = await q.receive(wait=5)
