@@ -399,7 +399,9 @@ async def test_rule8_block_waits_for_an_ack(live_broker: fairq.Broker) -> None:
     await m.ack()
     mid = await asyncio.wait_for(blocked, 5)
     woke_after = time.monotonic() - acked_at
-    assert woke_after < 0.15, f"a blocked send should wake on the ack, took {woke_after:.3f} s"
+    # woken by the ack, not by a poll (0.5-1 s): a loaded machine took 0.75 s on PostgreSQL
+    # once, so the bound is that of "before any poll", not of a quiet machine
+    assert woke_after < 0.45, f"a blocked send should wake on the ack, took {woke_after:.3f} s"
     assert isinstance(mid, str)
     assert (await q.stats()).sent == 3
 
@@ -538,7 +540,9 @@ async def test_rule11_long_poll_wakes_when_a_delay_ends(live_broker: fairq.Broke
     msgs = await q.receive(wait=5)
     took = time.monotonic() - started
     assert [m.body for m in msgs] == [b"later"]
-    assert 0.25 < took < 0.8
+    # woken by the delay's end, not by the 5 s wait running out (a loaded machine took
+    # 0.83 s on RabbitMQ, whose delays go through a TTL queue)
+    assert 0.25 < took < 2.5
 
 
 async def test_rule11_many_waiters_each_get_one(live_broker: fairq.Broker) -> None:
@@ -805,9 +809,11 @@ async def test_nack_delay_on_the_real_clock(live_broker: fairq.Broker) -> None:
 
 
 async def test_retention_on_the_real_clock(live_broker: fairq.Broker) -> None:
-    q = await live_broker.declare_queue("real-retention", retention=0.3)
+    # a retention long enough that the fresh message cannot age past it between its send
+    # and the receive on a loaded machine (0.3 s did once, on PostgreSQL)
+    q = await live_broker.declare_queue("real-retention", retention=1.0)
     await q.send(b"old", attributes={"k": "v"})
-    await asyncio.sleep(0.6)
+    await asyncio.sleep(1.3)
     await q.send(b"fresh")
     assert await bodies(await q.receive(max_messages=10)) == [b"fresh"]
     (dead,) = await live_broker.queue("real-retention.dlq").receive(wait=2)
