@@ -523,7 +523,9 @@ async def test_rule11_long_poll_wakes_on_send(live_broker: fairq.Broker) -> None
     msgs = await asyncio.wait_for(waiter, 5)
     latency = time.monotonic() - sent_at
     assert [m.body for m in msgs] == [b"hello"]
-    assert latency < 0.1, f"long poll took {latency:.3f} s to see the send"
+    # woken by the send, not by a poll (0.5-1 s): a loaded machine took 0.92 s once on
+    # PostgreSQL, so the bound is that of "before any poll", not of a quiet machine
+    assert latency < 0.45, f"long poll took {latency:.3f} s to see the send"
 
 
 async def test_rule11_long_poll_times_out_empty(live_broker: fairq.Broker) -> None:
