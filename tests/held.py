@@ -39,31 +39,18 @@ async def assert_flat_while_busy(
         count += 1
 
     route(handle)
-    grown = await _growth(worker, lambda: count, feed, total, first, last, limit)
-    assert grown < BODY * (last - first) / 5, f"{grown} bytes more after {last - first} messages"
-
-
-async def _growth(
-    worker: fairq.Worker,
-    handled: Callable[[], int],
-    feed: Callable[[], Awaitable[int]],
-    total: int,
-    first: int,
-    last: int,
-    limit: float,
-) -> int:
-    seen: list[int] = []
+    seen: list[int] = []  # bytes traced once `first`, then `last` messages were handled
     tracemalloc.start()
     task = asyncio.create_task(worker.run())
     try:
         sent = 0
         deadline = time.monotonic() + limit
         while len(seen) < 2:
-            assert time.monotonic() < deadline and not task.done(), (sent, handled(), seen)
-            if handled() >= (first, last)[len(seen)]:
+            assert time.monotonic() < deadline and not task.done(), (sent, count, seen)
+            if count >= (first, last)[len(seen)]:
                 gc.collect()
                 seen.append(tracemalloc.get_traced_memory()[0])
-            elif sent < total and sent - handled() < BACKLOG:
+            elif sent < total and sent - count < BACKLOG:
                 sent += await feed()
             else:
                 await asyncio.sleep(0.002)
@@ -71,4 +58,5 @@ async def _growth(
         tracemalloc.stop()
         worker.stop()
         await asyncio.wait_for(task, 10)
-    return seen[1] - seen[0]
+    grown = seen[1] - seen[0]
+    assert grown < BODY * (last - first) / 5, f"{grown} bytes more after {last - first} messages"

@@ -97,13 +97,13 @@ def _category(m: _Msg) -> str:
     return "visible"
 
 
-def _current(entry: tuple[float, int, int, _Msg]) -> bool:
+def _still_waiting(entry: tuple[float, int, int, _Msg]) -> bool:
     """Whether an entry of the waiting heap still stands for its message's due time."""
     m = entry[3]
     return m.version == entry[2] and m.state == WAITING
 
 
-def _ready(entry: tuple[int, float, int, int, _Msg]) -> bool:
+def _still_ready(entry: tuple[int, float, int, int, _Msg]) -> bool:
     """Whether an entry of a queue's ready heap still stands for its message."""
     m = entry[4]
     return m.version == entry[3] and m.state == READY
@@ -119,7 +119,7 @@ class MemoryQueues(Backend):
         # an entry goes stale when its message moves on (acked, nacked, extended), and stale
         # ones are dropped at the top or whenever the heap doubles (heaps.push)
         self._waiting: list[tuple[float, int, int, _Msg]] = []
-        self._compact_at = heaps.COMPACT_MIN
+        self._waiting_limit = heaps.COMPACT_MIN
         self._last_id = 0
         self._closed = False
 
@@ -155,10 +155,11 @@ class MemoryQueues(Backend):
             setattr(q, after, getattr(q, after) + 1)
         if state == READY:
             ready = (-m.priority, avail_at, m.id, m.version, m)
-            q.ready_limit = heaps.push(q.ready, ready, q.ready_limit, _ready)
+            q.ready_limit = heaps.push(q.ready, ready, q.ready_limit, _still_ready)
         elif state == WAITING:
-            entry = (avail_at, m.id, m.version, m)
-            self._compact_at = heaps.push(self._waiting, entry, self._compact_at, _current)
+            due = (avail_at, m.id, m.version, m)
+            limit = self._waiting_limit
+            self._waiting_limit = heaps.push(self._waiting, due, limit, _still_waiting)
 
     def _insert(
         self,
