@@ -50,9 +50,9 @@ class AmqpCore(Backend):
         self._deadlines_limit = heaps.COMPACT_MIN  # (heaps.push)
         self._counts: dict[str, dict[str, int]] = {}
         self._bound: set[str] = set()  # queues bound on fairq/due in this process
-        self._wheel_ready = False
+        self._wheels: set[str] = set()  # delay wheels declared on this connection
         self._wheel_lock = asyncio.Lock()
-        self._level_queues = frozenset(topology.level_queue(i) for i in range(topology.LEVELS))
+        self._level_queues = topology.hop_queues()
         self._last_id = 0
         self._tag = int.from_bytes(os.urandom(4), "big") | 1
         self._seq = itertools.count(1)
@@ -76,7 +76,7 @@ class AmqpCore(Backend):
             feed.held.clear()
             feed.leases = 0
         self._bound.clear()
-        self._wheel_ready = False
+        self._wheels.clear()
         self.wakeups.notify_all()
 
     # -- counters --------------------------------------------------------------------------
@@ -135,25 +135,30 @@ class AmqpCore(Backend):
         self._last_id = next_id_base(self._last_id, self.clock.now())
         return format_id(self._last_id)
 
-    async def _ensure_wheel(self) -> None:
-        if self._wheel_ready:
+    async def _ensure_wheel(self, kind: str) -> None:
+        if kind in self._wheels:
             return
         async with self._wheel_lock:
-            if self._wheel_ready:
+            if kind in self._wheels:
                 return
             admin = await self.link.channel("admin")
             with driver_errors("declaring the delay queues", self.url.masked):
-                levels = topology.wheel()
+                levels = topology.wheel(kind)
                 for exchange, _, _, _ in levels:
                     await admin.exchange_declare(exchange, exchange_type="topic", durable=True)
+                if kind == topology.DURABLE:
+                    await admin.queue_declare(
+                        topology.VOID, durable=True, arguments=topology.VOID_ARGUMENTS
+                    )
+                    await admin.queue_bind(topology.VOID, topology.DUE, routing_key="#")
                 for exchange, queue, args, bindings in levels:
                     await admin.queue_declare(queue, durable=True, arguments=args)
-                    for kind, dest, pattern in bindings:
-                        if kind == "queue":
+                    for kind_, dest, pattern in bindings:
+                        if kind_ == "queue":
                             await admin.queue_bind(dest, exchange, routing_key=pattern)
                         else:
                             await admin.exchange_bind(dest, exchange, routing_key=pattern)
-            self._wheel_ready = True
+            self._wheels.add(kind)
 
     async def _publish(
         self,
@@ -194,8 +199,9 @@ class AmqpCore(Backend):
 
     async def _route(self, queue: str, delay: float) -> tuple[str, str]:
         if delay > 0:
-            await self._ensure_wheel()
-            route = topology.delay_route(delay, queue)
+            kind = topology.wheel_for(await self._config(queue))
+            await self._ensure_wheel(kind)
+            route = topology.delay_route(delay, queue, kind)
             if queue not in self._bound:
                 await self._bind_due(queue)
             return route

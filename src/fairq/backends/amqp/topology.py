@@ -24,6 +24,17 @@ fairq names never have, so they cannot collide with a user's queue or topic.
   0 on to level ``i-1``; a level queue dead-letters into the next level's exchange; the
   last level hands over to ``fairq/due``, where each queue is bound by its own name.
   RabbitMQ's clock decides when a delay ends; a message passes at most ``LEVELS`` queues.
+  There are two wheels, declared when first needed. **The durable wheel** ``fairq/wheel/NN``
+  (every queue but one below): quorum level queues that dead-letter **at least once**
+  (``x-dead-letter-strategy``), so a hop leaves a level only once the next queue has
+  confirmed the message and a broker crash mid-hop cannot lose it (it may pass a hop
+  twice). So that every hop can be confirmed, ``fairq/due`` also routes everything to
+  ``fairq/due/void``, a classic queue with a TTL of 0 that keeps nothing: a delay whose
+  queue was deleted ends there instead of being retried forever. **The classic wheel**
+  ``fairq/delay/NN`` (classic queues, at-most-once dead-lettering) serves a bounded queue
+  with ``overflow="reject"``: such a queue refuses a due message while it is full, which the
+  durable wheel would retry without end, holding up the other queues' due messages behind
+  it; the classic wheel drops it, as RabbitMQ does a refused dead letter.
 """
 
 from __future__ import annotations
@@ -35,19 +46,25 @@ from ...errors import Unsupported
 from ...model.queues import QueueConfig
 
 __all__ = [
+    "CLASSIC",
     "DLX",
     "DUE",
+    "DURABLE",
     "LEVELS",
     "RESERVED",
     "UNIT",
+    "VOID",
+    "VOID_ARGUMENTS",
     "delay_route",
     "due_pattern",
+    "hop_queues",
     "level_exchange",
     "level_queue",
     "queue_arguments",
     "quorum",
     "subscription_pattern",
     "wheel",
+    "wheel_for",
 ]
 
 #: names fairq keeps for itself in the store: ``fairq:<work queue>`` holds the tickets of an
@@ -55,6 +72,8 @@ __all__ = [
 RESERVED = "fairq:"
 DLX = "fairq/dlx"  # direct: dead letters by source queue name -> its dead-letter queue
 DUE = "fairq/due"  # topic: the end of every delay -> the target queue
+VOID = "fairq/due/void"  # classic, TTL 0: bound to DUE by "#", so every hop is confirmed
+DURABLE, CLASSIC = "fairq/wheel", "fairq/delay"  # the two delay wheels (name prefixes)
 LEVELS = 29  # 2**29 units of 10 ms: delays up to 62 days
 UNIT = 0.01  # seconds per unit of the delay wheel
 MAX_TTL_MS = 2**32 - 1  # the largest x-message-ttl RabbitMQ takes
@@ -102,38 +121,57 @@ def queue_arguments(name: str, config: QueueConfig, classic: bool = False) -> di
     return args
 
 
-def level_exchange(i: int) -> str:
-    return f"fairq/delay/{i:02d}"
+def level_exchange(i: int, kind: str = DURABLE) -> str:
+    return f"{kind}/{i:02d}"
 
 
-def level_queue(i: int) -> str:
-    return f"fairq/delay/{i:02d}"
+def level_queue(i: int, kind: str = DURABLE) -> str:
+    return f"{kind}/{i:02d}"
+
+
+def hop_queues() -> frozenset[str]:
+    """Every queue a delay passes through, in either wheel: a hop is not a death
+    (``x-death`` entries from these are not dead-letter attributes)."""
+    return frozenset(level_queue(i, kind) for i in range(LEVELS) for kind in (DURABLE, CLASSIC))
+
+
+VOID_ARGUMENTS: dict[str, Any] = {"x-queue-type": "classic", "x-message-ttl": 0}
 
 
 def _pattern(level: int, bit: str) -> str:
     return "*." * (LEVELS - 1 - level) + bit + ".#"
 
 
-def wheel() -> list[tuple[str, str, dict[str, Any], list[tuple[str, str, str]]]]:
-    """The delay wheel: per level (exchange, queue, queue arguments, bindings), bindings as
-    (kind, destination, pattern) with kind ``queue`` or ``exchange``."""
+def wheel(kind: str) -> list[tuple[str, str, dict[str, Any], list[tuple[str, str, str]]]]:
+    """The delay wheel ``kind`` (:data:`DURABLE` or :data:`CLASSIC`): per level (exchange,
+    queue, queue arguments, bindings), bindings as (kind, destination, pattern) with kind
+    ``queue`` or ``exchange``."""
     levels = []
     for i in range(LEVELS - 1, -1, -1):
-        after = level_exchange(i - 1) if i > 0 else DUE
-        args = {
+        after = level_exchange(i - 1, kind) if i > 0 else DUE
+        args: dict[str, Any] = {
             "x-queue-type": "classic",
             "x-message-ttl": round((2**i) * UNIT * 1000),
             "x-dead-letter-exchange": after,
         }
+        if kind == DURABLE:
+            args["x-queue-type"] = "quorum"
+            args["x-dead-letter-strategy"] = "at-least-once"
+            args["x-overflow"] = "reject-publish"  # what at-least-once dead-lettering requires
         bindings = [
-            ("queue", level_queue(i), _pattern(i, "1")),
+            ("queue", level_queue(i, kind), _pattern(i, "1")),
             ("exchange", after, _pattern(i, "0")),
         ]
-        levels.append((level_exchange(i), level_queue(i), args, bindings))
+        levels.append((level_exchange(i, kind), level_queue(i, kind), args, bindings))
     return levels
 
 
-def delay_route(delay: float, target: str) -> tuple[str, str]:
+def wheel_for(config: QueueConfig) -> str:
+    """The wheel a delay to a queue with ``config`` takes (see the module docstring)."""
+    return CLASSIC if config.max_length is not None and config.overflow == "reject" else DURABLE
+
+
+def delay_route(delay: float, target: str, kind: str = DURABLE) -> tuple[str, str]:
     """(exchange, routing key) that brings a message to queue ``target`` after ``delay`` s."""
     units = math.ceil(delay / UNIT - 1e-9)
     if units >= 2**LEVELS:
@@ -145,7 +183,7 @@ def delay_route(delay: float, target: str) -> tuple[str, str]:
             f"a delay to queue {target!r} does not fit a routing key: delays need queue "
             f"names of at most {ROUTING_KEY_MAX - 2 * LEVELS} characters"
         )
-    return level_exchange(LEVELS - 1), key
+    return level_exchange(LEVELS - 1, kind), key
 
 
 def due_pattern(queue: str) -> str:

@@ -1,0 +1,40 @@
+"""Delays on RabbitMQ walk down a wheel of TTL queues (``backends/amqp/topology.py``). The
+durable wheel's hops are at-least-once dead-letterings, which a refusing target would have
+retried without end; a bounded queue with ``overflow="reject"`` therefore takes the classic
+wheel, and a full one holds up no other queue's delayed messages."""
+
+from __future__ import annotations
+
+import fairq
+from fairq.backends.amqp import topology
+from fairq.model.queues import QueueConfig
+
+
+def test_only_a_rejecting_bounded_queue_takes_the_classic_wheel() -> None:
+    assert topology.wheel_for(QueueConfig()) == topology.DURABLE
+    assert topology.wheel_for(QueueConfig(max_length=5, overflow="drop_oldest")) == topology.DURABLE
+    assert topology.wheel_for(QueueConfig(max_length=5)) == topology.CLASSIC
+    durable = {queue: args for _, queue, args, _ in topology.wheel(topology.DURABLE)}
+    assert len(durable) == topology.LEVELS
+    for queue, args in durable.items():
+        assert queue.startswith("fairq/wheel/")
+        assert args["x-queue-type"] == "quorum"
+        assert args["x-dead-letter-strategy"] == "at-least-once"
+    assert topology.hop_queues() >= set(durable) | {
+        q for _, q, _, _ in topology.wheel(topology.CLASSIC)
+    }
+
+
+async def test_a_full_bounded_queue_holds_up_no_other_delays(broker: fairq.Broker) -> None:
+    full = await broker.declare_queue("full", max_length=1)
+    other = await broker.declare_queue("other")
+    await full.send(b"room taken")
+    for i in range(40):  # more than the broker retries at once, had they taken that wheel
+        await full.send(f"late {i}".encode(), delay=0.1)
+    await other.send_batch([fairq.Outgoing(f"due {i}".encode(), delay=0.3) for i in range(5)])
+    got: list[fairq.Received] = []
+    while len(got) < 5:
+        msgs = await other.receive(max_messages=10, wait=5)
+        assert msgs, f"only {len(got)} of 5 delayed messages reached the other queue"
+        got += msgs
+    assert sorted(m.body for m in got) == sorted(f"due {i}".encode() for i in range(5))
