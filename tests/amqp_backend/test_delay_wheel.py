@@ -25,6 +25,18 @@ def test_only_a_rejecting_bounded_queue_takes_the_classic_wheel() -> None:
     }
 
 
+def test_a_delay_enters_the_wheel_at_its_highest_level() -> None:
+    """Straight to the level of the delay's highest bit (the levels above would only pass
+    the message on); the routing key still spells every level's bit."""
+    assert topology.delay_route(0.5, "q") == (
+        topology.level_exchange(5),  # 50 units of 10 ms: 0b110010
+        ".".join(format(50, f"0{topology.LEVELS}b")) + ".q",
+    )
+    assert topology.delay_route(0.01, "q", topology.CLASSIC)[0] == topology.level_exchange(
+        0, topology.CLASSIC
+    )
+
+
 async def test_a_full_bounded_queue_holds_up_no_other_delays(broker: fairq.Broker) -> None:
     full = await broker.declare_queue("full", max_length=1)
     other = await broker.declare_queue("other")

@@ -183,7 +183,9 @@ def delay_route(delay: float, target: str, kind: str = DURABLE) -> tuple[str, st
             f"a delay to queue {target!r} does not fit a routing key: delays need queue "
             f"names of at most {ROUTING_KEY_MAX - 2 * LEVELS} characters"
         )
-    return level_exchange(LEVELS - 1, kind), key
+    # straight to the exchange of the highest bit set: the levels above would only pass
+    # the message down (each pass a topic match in the broker, 29 of them for a short delay)
+    return level_exchange(units.bit_length() - 1, kind), key
 
 
 def due_pattern(queue: str) -> str:
