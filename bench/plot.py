@@ -74,15 +74,15 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
             values.append(value)
             colors.append(COLORS[system])
 
-    add("fairq send\nbatch 100", _rate(rows, "fairq", "send", 100), "fairq")
-    add("fairq 16 tasks\nsingle sends", _rate(rows, "fairq", "concurrent send", 1), "fairq")
+    add("fairq send, batch 100", _rate(rows, "fairq", "send", 100), "fairq")
+    add("fairq, 16 tasks sending one each", _rate(rows, "fairq", "concurrent send", 1), "fairq")
     for system in ("fairq", "persist-queue", "huey"):
         pc = _rate(rows, system, "producer+consumers", 10)
-        add(f"{system}\nproducer+\nconsumers", pc, system)
-    add("fairq\nWorker\nc=100", _rate(rows, "fairq", "Worker drain", 100), "fairq")
-    add("fairq\nWorker\nc=16", _rate(rows, "fairq", "Worker drain", 16), "fairq")
+        add(f"{system} producer+consumers", pc, system)
+    add("fairq Worker drain, concurrency 100", _rate(rows, "fairq", "Worker drain", 100), "fairq")
+    add("fairq Worker drain, concurrency 16", _rate(rows, "fairq", "Worker drain", 16), "fairq")
     add(
-        "fairq receive(100)\n+ack_batch",
+        "fairq receive(100)+ack_batch drain",
         _rate(rows, "fairq", "receive(100)+ack_batch drain", 100),
         "fairq",
     )
@@ -90,14 +90,16 @@ def plot(doc: dict[str, Any], out: Path) -> Path:
     for key in ("shallow", "deep"):
         phase = f"receive+ack, {key} queue"
         if scale.get(key):
-            label = f"fairq\nrecv+ack\ndepth {_short(scale[key][0]['depth'])}"
+            label = f"fairq receive+ack(100), depth {_short(scale[key][0]['depth'])}"
             add(label, _rate(rows, "fairq", phase, 100), "fairq")
-    bars = right.bar(range(len(values)), values, color=colors)
+    ys = range(len(values))[::-1]  # the first on top, labels beside their bars
+    bars = right.barh(list(ys), values, color=colors)
     right.bar_label(bars, labels=[_short(v) for v in values], fontsize=8, padding=2)
-    right.set_xticks(range(len(labels)), labels, fontsize=8)
-    right.set_ylabel("messages per second (median)")
+    right.set_yticks(list(ys), labels, fontsize=8)
+    right.set_xlabel("messages per second (median)")
     right.set_title("concurrency, producer+consumers, Worker, queue depth")
-    right.grid(axis="y", alpha=0.3)
+    right.grid(axis="x", alpha=0.3)
+    right.set_xlim(right=right.get_xlim()[1] * 1.12)
 
     m = doc["machine"]
     cfg = doc["config"]
