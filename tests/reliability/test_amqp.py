@@ -131,6 +131,20 @@ def node(tmp_path: Path) -> Iterator[RabbitNode]:
         n.stop()
 
 
+async def _take_back(q: fairq.Queue, ids: list[str], deadline: float) -> Counter[str]:
+    """Receive and ack from ``q`` after a broker restart until every id in ``ids`` came (or
+    ``deadline``): how many times each id was delivered."""
+    seen: Counter[str] = Counter()
+    while len(seen) < len(ids) and time.monotonic() < deadline:
+        try:
+            for m in await q.receive(max_messages=100, wait=1):
+                seen[m.id] += 1
+                await m.ack()
+        except fairq.ConnectionError:
+            await asyncio.sleep(0.3)  # still reconnecting
+    return seen
+
+
 async def test_a_killed_broker_loses_no_confirmed_send(node: RabbitNode, tmp_path: Path) -> None:
     url = f"{node.url_base}?store=sqlite:///{tmp_path / 's.db'}"
     async with await fairq.connect(url) as broker:
@@ -145,14 +159,7 @@ async def test_a_killed_broker_loses_no_confirmed_send(node: RabbitNode, tmp_pat
             await q.send(b"during")
         await asyncio.to_thread(node.start)
         deadline = time.monotonic() + 60
-        seen: Counter[str] = Counter()
-        while len(seen) < len(ids) and time.monotonic() < deadline:
-            try:
-                for m in await q.receive(max_messages=100, wait=1):
-                    seen[m.id] += 1
-                    await m.ack()
-            except fairq.ConnectionError:
-                await asyncio.sleep(0.3)  # still reconnecting
+        seen = await _take_back(q, ids, deadline)
         assert set(seen) == set(ids), f"{len(set(ids) - set(seen))} confirmed sends were lost"
         assert leased.id in seen
         got = []
@@ -180,15 +187,7 @@ async def test_a_killed_broker_loses_no_delayed_message_between_hops(
         await asyncio.sleep(0.6)
         await asyncio.to_thread(node.kill)
         await asyncio.to_thread(node.start)
-        deadline = time.monotonic() + 60
-        seen: Counter[str] = Counter()
-        while len(seen) < len(ids) and time.monotonic() < deadline:
-            try:
-                for m in await q.receive(max_messages=100, wait=1):
-                    seen[m.id] += 1
-                    await m.ack()
-            except fairq.ConnectionError:
-                await asyncio.sleep(0.3)  # still reconnecting
+        seen = await _take_back(q, ids, time.monotonic() + 60)
         lost = set(ids) - set(seen)
         assert not lost, f"{len(lost)} of {len(ids)} delayed messages were lost in the wheel"
 
