@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ...clock import Clock
-from ...errors import ConnectionError
+from ...errors import ConnectionError, QueueNotFound
 from ...message import format_id, next_id_base
 from ...model.queues import QueueConfig
 from .. import heaps
@@ -199,7 +199,10 @@ class AmqpCore(Backend):
 
     async def _route(self, queue: str, delay: float) -> tuple[str, str]:
         if delay > 0:
-            kind = topology.wheel_for(await self._config(queue))
+            try:
+                kind = topology.wheel_for(await self._config(queue))
+            except QueueNotFound:  # deleted meanwhile: its delay ends in fairq/due/void
+                kind = topology.DURABLE
             await self._ensure_wheel(kind)
             route = topology.delay_route(delay, queue, kind)
             if queue not in self._bound:
