@@ -5,6 +5,8 @@ wheel, and a full one holds up no other queue's delayed messages."""
 
 from __future__ import annotations
 
+import pytest
+
 import fairq
 from fairq.backends.amqp import topology
 from fairq.model.queues import QueueConfig
@@ -50,3 +52,17 @@ async def test_a_full_bounded_queue_holds_up_no_other_delays(broker: fairq.Broke
         assert msgs, f"only {len(got)} of 5 delayed messages reached the other queue"
         got += msgs
     assert sorted(m.body for m in got) == sorted(f"due {i}".encode() for i in range(5))
+
+
+async def test_a_broker_before_3_10_delays_through_the_classic_wheel(
+    broker: fairq.Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RabbitMQ before 3.10 has neither quorum TTL nor at-least-once dead-lettering: its
+    delays take the classic wheel, as every delay did in fairq's earlier versions."""
+    backend = broker.backend
+    monkeypatch.setattr(backend.link, "server_version", lambda: (3, 9, 29))  # type: ignore[attr-defined]
+    q = await broker.declare_queue("old-broker")
+    await q.send(b"later", delay=0.2)
+    (m,) = await q.receive(wait=5)
+    assert m.body == b"later"
+    assert backend._wheels == {topology.CLASSIC}  # type: ignore[attr-defined]

@@ -51,6 +51,7 @@ class AmqpCore(Backend):
         self._counts: dict[str, dict[str, int]] = {}
         self._bound: set[str] = set()  # queues bound on fairq/due in this process
         self._wheels: set[str] = set()  # delay wheels declared on this connection
+        self._warned_wheel = False
         self._wheel_lock = asyncio.Lock()
         self._level_queues = topology.hop_queues()
         self._last_id = 0
@@ -135,6 +136,22 @@ class AmqpCore(Backend):
         self._last_id = next_id_base(self._last_id, self.clock.now())
         return format_id(self._last_id)
 
+    def _durable_wheel(self) -> bool:
+        """Whether the broker runs the durable wheel: quorum queues with a message TTL and
+        at-least-once dead-lettering came with RabbitMQ 3.10; before, every delay takes
+        the classic wheel (at most once per hop), as it did in fairq's earlier versions."""
+        version = self.link.server_version()
+        if version is None or version >= topology.DURABLE_SINCE:
+            return True
+        if not self._warned_wheel:
+            self._warned_wheel = True
+            log.warning(
+                "RabbitMQ %s predates at-least-once dead-lettering (3.10): delayed messages "
+                "take the classic wheel, which a broker crash mid-hop can lose",
+                ".".join(map(str, version)),
+            )
+        return False
+
     async def _ensure_wheel(self, kind: str) -> None:
         if kind in self._wheels:
             return
@@ -203,6 +220,8 @@ class AmqpCore(Backend):
                 kind = topology.wheel_for(await self._config(queue))
             except QueueNotFound:  # deleted meanwhile: its delay ends in fairq/due/void
                 kind = topology.DURABLE
+            if kind == topology.DURABLE and not self._durable_wheel():
+                kind = topology.CLASSIC
             await self._ensure_wheel(kind)
             route = topology.delay_route(delay, queue, kind)
             if queue not in self._bound:

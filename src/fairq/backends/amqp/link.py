@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import os
 import socket
@@ -203,6 +204,18 @@ class Link:
         if transport is None or transport.connection.is_closed:
             raise ConnectionError(f"RabbitMQ at {self.url.masked!r} is unreachable (reconnecting)")
         return transport.connection
+
+    def server_version(self) -> tuple[int, ...] | None:
+        """The broker's version (e.g. ``(3, 10, 8)``), None if it does not say."""
+        raw = self._raw().server_properties.get("version")
+        text = raw.decode() if isinstance(raw, bytes) else str(raw or "")
+        parts = []
+        for piece in text.split("."):
+            digits = "".join(itertools.takewhile(str.isdigit, piece))
+            if not digits:
+                break
+            parts.append(int(digits))
+        return tuple(parts) or None
 
     def cached(self, key: str) -> Channel | None:
         """The open channel ``key`` of the current generation, if there is one."""

@@ -50,6 +50,7 @@ __all__ = [
     "DLX",
     "DUE",
     "DURABLE",
+    "DURABLE_SINCE",
     "LEVELS",
     "RESERVED",
     "UNIT",
@@ -74,6 +75,7 @@ DLX = "fairq/dlx"  # direct: dead letters by source queue name -> its dead-lette
 DUE = "fairq/due"  # topic: the end of every delay -> the target queue
 VOID = "fairq/due/void"  # classic, TTL 0: bound to DUE by "#", so every hop is confirmed
 DURABLE, CLASSIC = "fairq/wheel", "fairq/delay"  # the two delay wheels (name prefixes)
+DURABLE_SINCE = (3, 10)  # the RabbitMQ of quorum TTL and at-least-once dead-lettering
 LEVELS = 29  # 2**29 units of 10 ms: delays up to 62 days
 UNIT = 0.01  # seconds per unit of the delay wheel
 MAX_TTL_MS = 2**32 - 1  # the largest x-message-ttl RabbitMQ takes
