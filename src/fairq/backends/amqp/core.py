@@ -170,8 +170,8 @@ class AmqpCore(Backend):
                     await admin.queue_bind(topology.VOID, topology.DUE, routing_key="#")
                 for exchange, queue, args, bindings in levels:
                     await admin.queue_declare(queue, durable=True, arguments=args)
-                    for kind_, dest, pattern in bindings:
-                        if kind_ == "queue":
+                    for what, dest, pattern in bindings:
+                        if what == "queue":
                             await admin.queue_bind(dest, exchange, routing_key=pattern)
                         else:
                             await admin.exchange_bind(dest, exchange, routing_key=pattern)

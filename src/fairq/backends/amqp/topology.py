@@ -146,7 +146,7 @@ def _pattern(level: int, bit: str) -> str:
 
 def wheel(kind: str) -> list[tuple[str, str, dict[str, Any], list[tuple[str, str, str]]]]:
     """The delay wheel ``kind`` (:data:`DURABLE` or :data:`CLASSIC`): per level (exchange,
-    queue, queue arguments, bindings), bindings as (kind, destination, pattern) with kind
+    queue, queue arguments, bindings), bindings as (what, destination, pattern) with what
     ``queue`` or ``exchange``."""
     levels = []
     for i in range(LEVELS - 1, -1, -1):
