@@ -5,6 +5,8 @@ wheel, and a full one holds up no other queue's delayed messages."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import fairq
@@ -66,3 +68,35 @@ async def test_a_broker_before_3_10_delays_through_the_classic_wheel(
     (m,) = await q.receive(wait=5)
     assert m.body == b"later"
     assert backend._wheels == {topology.CLASSIC}  # type: ignore[attr-defined]
+
+
+async def test_a_queue_declared_again_as_rejecting_holds_up_no_delays(
+    broker: fairq.Broker,
+) -> None:
+    """Delays sent to a queue that is then deleted and declared again, bounded with
+    ``overflow="reject"`` and full, end in ``fairq/due/void``: the new queue is not bound
+    where the durable wheel ends, so its refusals cannot hold up that wheel's level (the
+    broker retries a refused at-least-once dead letter only every few minutes)."""
+    flip = await broker.declare_queue("flip")
+    # 1.5 s = 150 units (0b10010110): the last hop leaves level 1, as a 0.02 s delay's does
+    await flip.send_batch([fairq.Outgoing(b"sent before", delay=1.5) for _ in range(40)])
+    await broker.delete_queue("flip")
+    flip = await broker.declare_queue("flip", max_length=1)
+    await flip.send(b"room taken")
+    other = await broker.declare_queue("other")
+    await asyncio.sleep(2.0)  # the 40 came due meanwhile
+    await other.send_batch([fairq.Outgoing(f"due {i}".encode(), delay=0.02) for i in range(5)])
+    got: list[fairq.Received] = []
+    while len(got) < 5:
+        msgs = await other.receive(max_messages=10, wait=5)
+        assert msgs, f"only {len(got)} of 5 delayed messages reached the other queue"
+        got += msgs
+    (kept,) = await flip.receive(max_messages=10, wait=0.5)
+    assert kept.body == b"room taken"
+
+
+async def test_a_delay_too_short_to_count_is_none(broker: fairq.Broker) -> None:
+    q = await broker.declare_queue("tiny")
+    await q.send(b"at once", delay=1e-12)
+    (m,) = await q.receive(wait=5)
+    assert m.body == b"at once"

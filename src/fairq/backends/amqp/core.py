@@ -5,6 +5,7 @@ publishing with confirms (directly, or into the delay wheel)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import os
@@ -117,13 +118,17 @@ class AmqpCore(Backend):
         self._configs[name] = (config, now)
         return config
 
-    async def _bind_due(self, name: str) -> None:
-        """Bind the queue where delays end (a name too long for a routing key has no delays)."""
+    async def _bind_due(self, name: str, config: QueueConfig) -> None:
+        """Bind the queue where delays end: on ``fairq/due`` (the classic wheel's end), and on
+        ``fairq/due/durable`` unless it may refuse a message (``topology.wheel_for``). A name
+        too long for a routing key has no delays."""
         pattern = topology.due_pattern(name)
         if len(pattern) <= topology.ROUTING_KEY_MAX:
             admin = await self.link.channel("admin")
             with driver_errors(f"binding queue {name!r}", self.url.masked):
                 await admin.queue_bind(name, topology.DUE, routing_key=pattern)
+                if topology.wheel_for(config) == topology.DURABLE:
+                    await admin.queue_bind(name, topology.DUE_DURABLE, routing_key=pattern)
         self._bound.add(name)
 
     async def _classic(self, name: str) -> bool:
@@ -167,7 +172,7 @@ class AmqpCore(Backend):
                     await admin.queue_declare(
                         topology.VOID, durable=True, arguments=topology.VOID_ARGUMENTS
                     )
-                    await admin.queue_bind(topology.VOID, topology.DUE, routing_key="#")
+                    await admin.queue_bind(topology.VOID, topology.DUE_DURABLE, routing_key="#")
                 for exchange, queue, args, bindings in levels:
                     await admin.queue_declare(queue, durable=True, arguments=args)
                     for what, dest, pattern in bindings:
@@ -224,7 +229,9 @@ class AmqpCore(Backend):
                 kind = topology.CLASSIC
             await self._ensure_wheel(kind)
             route = topology.delay_route(delay, queue, kind)
-            if queue not in self._bound:
-                await self._bind_due(queue)
+            if queue not in self._bound:  # a queue declared elsewhere, or by an older fairq
+                with contextlib.suppress(QueueNotFound):
+                    # the store's options, not a cached copy: they decide the bindings
+                    await self._bind_due(queue, await self.store.queue_config(queue))
             return route
         return "", queue

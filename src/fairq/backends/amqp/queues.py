@@ -50,6 +50,7 @@ class AmqpQueues(AmqpLeases):
         with driver_errors("declaring fairq's exchanges", self.url.masked):
             await admin.exchange_declare(topology.DLX, exchange_type="direct", durable=True)
             await admin.exchange_declare(topology.DUE, exchange_type="topic", durable=True)
+            await admin.exchange_declare(topology.DUE_DURABLE, exchange_type="topic", durable=True)
         await self.link.channel("publish", confirms=True)
         self._tasks.append(asyncio.create_task(self._lease_timer(), name="fairq-amqp-leases"))
         self._tasks.append(asyncio.create_task(self._flusher(), name="fairq-amqp-counts"))
@@ -86,7 +87,7 @@ class AmqpQueues(AmqpLeases):
                 f"queue {name!r} exists in RabbitMQ with other arguments than fairq's "
                 f"(wanted {args}): {exc}"
             ) from exc
-        await self._bind_due(name)
+        await self._bind_due(name, config)
 
     async def _bind_dead_letters(self, name: str, old: str | None, new: str | None) -> None:
         admin = await self.link.channel("admin")

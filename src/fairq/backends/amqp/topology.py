@@ -28,9 +28,13 @@ fairq names never have, so they cannot collide with a user's queue or topic.
   (every queue but one below): quorum level queues that dead-letter **at least once**
   (``x-dead-letter-strategy``), so a hop leaves a level only once the next queue has
   confirmed the message and a broker crash mid-hop cannot lose it (it may pass a hop
-  twice). So that every hop can be confirmed, ``fairq/due`` also routes everything to
-  ``fairq/due/void``, a classic queue with a TTL of 0 that keeps nothing: a delay whose
-  queue was deleted ends there instead of being retried forever. **The classic wheel**
+  twice). Its last level hands over to ``fairq/due/durable`` instead, where only queues
+  that never refuse a message are bound (not a bounded queue with ``overflow="reject"``,
+  bound at declaration by the process that knows its options), and everything also goes to
+  ``fairq/due/void``, a classic queue with a TTL of 0 that keeps nothing: every hop can be
+  confirmed, and a delay whose queue was deleted (or declared again as a rejecting one)
+  ends there instead of being retried by the broker, holding up the level behind it.
+  **The classic wheel**
   ``fairq/delay/NN`` (classic queues, at-most-once dead-lettering) serves a bounded queue
   with ``overflow="reject"``: such a queue refuses a due message while it is full, which the
   durable wheel would retry without end, holding up the other queues' due messages behind
@@ -49,6 +53,7 @@ __all__ = [
     "CLASSIC",
     "DLX",
     "DUE",
+    "DUE_DURABLE",
     "DURABLE",
     "DURABLE_SINCE",
     "LEVELS",
@@ -73,7 +78,8 @@ __all__ = [
 RESERVED = "fairq:"
 DLX = "fairq/dlx"  # direct: dead letters by source queue name -> its dead-letter queue
 DUE = "fairq/due"  # topic: the end of every delay -> the target queue
-VOID = "fairq/due/void"  # classic, TTL 0: bound to DUE by "#", so every hop is confirmed
+DUE_DURABLE = "fairq/due/durable"  # topic: the same for the durable wheel (no refusing queue)
+VOID = "fairq/due/void"  # classic, TTL 0: bound to DUE_DURABLE by "#", every hop confirmed
 DURABLE, CLASSIC = "fairq/wheel", "fairq/delay"  # the two delay wheels (name prefixes)
 DURABLE_SINCE = (3, 10)  # the RabbitMQ of quorum TTL and at-least-once dead-lettering
 LEVELS = 29  # 2**29 units of 10 ms: delays up to 62 days
@@ -149,8 +155,9 @@ def wheel(kind: str) -> list[tuple[str, str, dict[str, Any], list[tuple[str, str
     queue, queue arguments, bindings), bindings as (what, destination, pattern) with what
     ``queue`` or ``exchange``."""
     levels = []
+    end = DUE_DURABLE if kind == DURABLE else DUE
     for i in range(LEVELS - 1, -1, -1):
-        after = level_exchange(i - 1, kind) if i > 0 else DUE
+        after = level_exchange(i - 1, kind) if i > 0 else end
         args: dict[str, Any] = {
             "x-queue-type": "classic",
             "x-message-ttl": round((2**i) * UNIT * 1000),
@@ -176,6 +183,8 @@ def wheel_for(config: QueueConfig) -> str:
 def delay_route(delay: float, target: str, kind: str = DURABLE) -> tuple[str, str]:
     """(exchange, routing key) that brings a message to queue ``target`` after ``delay`` s."""
     units = math.ceil(delay / UNIT - 1e-9)
+    if units <= 0:  # a delay too short to count: none
+        return "", target
     if units >= 2**LEVELS:
         raise Unsupported(f"delays above {MAX_DELAY:g} s are not available on RabbitMQ")
     bits = format(units, f"0{LEVELS}b")
