@@ -41,19 +41,24 @@ def test_a_delay_enters_the_wheel_at_its_highest_level() -> None:
     )
 
 
+async def _five_delays_arrive(q: fairq.Queue, delay: float) -> None:
+    """Five messages sent to ``q`` with ``delay`` all arrive, none waiting 5 s for the next."""
+    await q.send_batch([fairq.Outgoing(f"due {i}".encode(), delay=delay) for i in range(5)])
+    got: list[fairq.Received] = []
+    while len(got) < 5:
+        msgs = await q.receive(max_messages=10, wait=5)
+        assert msgs, f"only {len(got)} of 5 delayed messages reached {q.name!r}"
+        got += msgs
+    assert sorted(m.body for m in got) == sorted(f"due {i}".encode() for i in range(5))
+
+
 async def test_a_full_bounded_queue_holds_up_no_other_delays(broker: fairq.Broker) -> None:
     full = await broker.declare_queue("full", max_length=1)
     other = await broker.declare_queue("other")
     await full.send(b"room taken")
     for i in range(40):  # more than the broker retries at once, had they taken that wheel
         await full.send(f"late {i}".encode(), delay=0.1)
-    await other.send_batch([fairq.Outgoing(f"due {i}".encode(), delay=0.3) for i in range(5)])
-    got: list[fairq.Received] = []
-    while len(got) < 5:
-        msgs = await other.receive(max_messages=10, wait=5)
-        assert msgs, f"only {len(got)} of 5 delayed messages reached the other queue"
-        got += msgs
-    assert sorted(m.body for m in got) == sorted(f"due {i}".encode() for i in range(5))
+    await _five_delays_arrive(other, 0.3)
 
 
 async def test_a_broker_before_3_10_delays_through_the_classic_wheel(
@@ -85,12 +90,7 @@ async def test_a_queue_declared_again_as_rejecting_holds_up_no_delays(
     await flip.send(b"room taken")
     other = await broker.declare_queue("other")
     await asyncio.sleep(2.0)  # the 40 came due meanwhile
-    await other.send_batch([fairq.Outgoing(f"due {i}".encode(), delay=0.02) for i in range(5)])
-    got: list[fairq.Received] = []
-    while len(got) < 5:
-        msgs = await other.receive(max_messages=10, wait=5)
-        assert msgs, f"only {len(got)} of 5 delayed messages reached the other queue"
-        got += msgs
+    await _five_delays_arrive(other, 0.02)
     (kept,) = await flip.receive(max_messages=10, wait=0.5)
     assert kept.body == b"room taken"
 
