@@ -52,7 +52,7 @@ class AmqpCore(Backend):
         self._counts: dict[str, dict[str, int]] = {}
         self._bound: set[str] = set()  # queues bound on fairq/due in this process
         self._wheels: set[str] = set()  # delay wheels declared on this connection
-        self._warned_wheel = False
+        self._durable_ok: bool | None = None  # this broker runs the durable wheel (None: ask)
         self._wheel_lock = asyncio.Lock()
         self._level_queues = topology.hop_queues()
         self._last_id = 0
@@ -79,6 +79,7 @@ class AmqpCore(Backend):
             feed.leases = 0
         self._bound.clear()
         self._wheels.clear()
+        self._durable_ok = None  # the broker may have been upgraded meanwhile
         self.wakeups.notify_all()
 
     # -- counters --------------------------------------------------------------------------
@@ -144,18 +145,18 @@ class AmqpCore(Backend):
     def _durable_wheel(self) -> bool:
         """Whether the broker runs the durable wheel: quorum queues with a message TTL and
         at-least-once dead-lettering came with RabbitMQ 3.10; before, every delay takes
-        the classic wheel (at most once per hop), as it did in fairq's earlier versions."""
-        version = self.link.server_version()
-        if version is None or version >= topology.DURABLE_SINCE:
-            return True
-        if not self._warned_wheel:
-            self._warned_wheel = True
-            log.warning(
-                "RabbitMQ %s predates at-least-once dead-lettering (3.10): delayed messages "
-                "take the classic wheel, which a broker crash mid-hop can lose",
-                ".".join(map(str, version)),
-            )
-        return False
+        the classic wheel (at most once per hop), as it did in fairq's earlier versions.
+        Asked once per connection."""
+        if self._durable_ok is None:
+            version = self.link.server_version()
+            self._durable_ok = version is None or version >= topology.DURABLE_SINCE
+            if not self._durable_ok:
+                log.warning(
+                    "RabbitMQ %s predates at-least-once dead-lettering (3.10): delayed "
+                    "messages take the classic wheel, which a broker crash mid-hop can lose",
+                    ".".join(map(str, version or ())),
+                )
+        return self._durable_ok
 
     async def _ensure_wheel(self, kind: str) -> None:
         if kind in self._wheels:

@@ -34,11 +34,11 @@ fairq names never have, so they cannot collide with a user's queue or topic.
   ``fairq/due/void``, a classic queue with a TTL of 0 that keeps nothing: every hop can be
   confirmed, and a delay whose queue was deleted (or declared again as a rejecting one)
   ends there instead of being retried by the broker, holding up the level behind it.
-  **The classic wheel**
-  ``fairq/delay/NN`` (classic queues, at-most-once dead-lettering) serves a bounded queue
-  with ``overflow="reject"``: such a queue refuses a due message while it is full, which the
-  durable wheel would retry without end, holding up the other queues' due messages behind
-  it; the classic wheel drops it, as RabbitMQ does a refused dead letter.
+  **The classic wheel** ``fairq/delay/NN`` (classic queues, at-most-once dead-lettering)
+  serves a bounded queue with ``overflow="reject"``: such a queue refuses a due message
+  while it is full, which the durable wheel would retry without end, holding up the other
+  queues' due messages behind it; the classic wheel drops it, as RabbitMQ does a refused
+  dead letter.
 """
 
 from __future__ import annotations
