@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def fairq(
-    *args: str, cwd: Path, timeout: float = 60, check: bool = True
+    *args: str, cwd: Path, timeout: float = 60, check: bool = True, columns: int = 200
 ) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run(
         [sys.executable, "-m", "fairq", *args],
@@ -24,7 +24,7 @@ def fairq(
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=dict(os.environ, COLUMNS="200", FAIRQ_URL=f"sqlite:///{cwd / 'cli.db'}"),
+        env=dict(os.environ, COLUMNS=str(columns), FAIRQ_URL=f"sqlite:///{cwd / 'cli.db'}"),
     )
     if check:
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -44,6 +44,24 @@ def test_send_receive_stats_redrive(tmp_path: Path) -> None:
     assert "no messages in jobs.dlq" in fairq("receive", "jobs.dlq", cwd=tmp_path).stdout
     redrive = fairq("redrive", "jobs.dlq", cwd=tmp_path).stdout
     assert "moved 0 message(s)" in redrive
+
+
+def test_stats_fit_an_80_column_terminal(tmp_path: Path) -> None:
+    fairq("send", "orders.billing", "x", "--count", "3", cwd=tmp_path)
+    text = fairq("stats", cwd=tmp_path, columns=80).stdout
+    assert max(len(line) for line in text.splitlines()) <= 80, text
+    assert "…" not in text, text
+    header = next(line for line in text.splitlines() if line.startswith("┃"))
+    assert [c.strip() for c in header.strip("┃").split("┃")][:6] == [
+        "queue",
+        "visible",
+        "delayed",
+        "in flight",
+        "oldest",
+        "dlq",
+    ], text
+    assert re.search(r"orders\.billing\s+│\s+3\s", text), text
+    assert "not shown at 80 columns wide:" in text and "expired" in text
 
 
 def test_errors_are_one_line_and_exit_1(tmp_path: Path) -> None:

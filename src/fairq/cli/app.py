@@ -23,7 +23,8 @@ if TYPE_CHECKING:
 
 app = typer.Typer(
     name="fairq",
-    help="fairq: durable queues, pub/sub, fair attention queues — embedded on SQLite.",
+    help="fairq: durable queues, pub/sub, fair attention queues — embedded on SQLite, or on "
+    "Redis, PostgreSQL or RabbitMQ (--url).",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Group
 from rich.live import Live
-from rich.table import Table
 
 from ..broker import Broker, connect
 from ..errors import Unsupported
@@ -24,92 +23,102 @@ from .app import (
     app,
     console,
 )
+from .tables import Col, fitted, folded
 
 
 # -- attention -----------------------------------------------------------------------------
-async def attention_tables(broker: Broker, domain: str, top: int) -> Group:
-    """The counters of an attention domain and its busiest keys."""
+async def attention_tables(
+    broker: Broker, domain: str, top: int, width: int | None = None
+) -> Group:
+    """The counters of an attention domain, its tenants' shares and its busiest keys,
+    fitted to ``width`` (the terminal's)."""
     a = broker.attention(domain)
     s = await a.stats()
-    counters = Table(title=f"attention domain {domain} — {s.queue}")
-    names = (
-        "keys",
-        "signals",
-        "slices",
-        "processed",
-        "republished",
-        "blocked",
-        "rate limited",
-        "empty",
-        "parked",
-        "reconciled",
-        "discarded",
-        "clear time",
-    )
-    for name in names:
-        counters.add_column(name, justify="right")
+    width = width or console.width
     discarded = ", ".join(f"{k} {v}" for k, v in sorted(s.discarded.items())) or "0"
-    counters.add_row(
-        str(s.keys),
-        str(s.signals_pending),
-        str(s.slices),
-        str(s.processed),
-        str(s.republished),
-        str(s.blocked),
-        str(s.rate_limited),
-        str(s.empty),
-        str(s.parked),
-        str(s.reconciled),
-        discarded,
-        _age(s.clear_time_avg),
+    counts = {
+        "keys": str(s.keys),
+        "signals": str(s.signals_pending),
+        "slices": str(s.slices),
+        "processed": str(s.processed),
+        "republished": str(s.republished),
+        "blocked": str(s.blocked),
+        "rate limited": str(s.rate_limited),
+        "empty": str(s.empty),
+        "parked": str(s.parked),
+        "reconciled": str(s.reconciled),
+        "discarded": discarded,
+        "clear time": _age(s.clear_time_avg),
+    }
+    counters = folded(
+        f"attention domain {domain} — {s.queue}",
+        [Col(name, True) for name in counts],
+        list(counts.values()),
+        width,
     )
-    keys = Table(title=f"busiest {top} keys")
-    for col in (
-        "key",
-        "tenant",
-        "plan",
-        "state",
-        "backlog",
-        "in flight",
-        "oldest",
-        "slices",
-        "signals",
-        "processed",
-    ):
-        keys.add_column(
-            col, justify="right" if col not in ("key", "tenant", "plan", "state") else "left"
-        )
+    key_rows = []
     for k in await a.key_stats(top=top):
         state = k.state if k.state == "active" else f"[yellow]{k.state}[/yellow]"
-        keys.add_row(
-            k.key,
-            k.tenant,
-            k.plan,
-            state,
-            str(k.backlog),
-            str(k.in_flight),
-            _age(k.oldest_age),
-            str(k.active),
-            str(k.pending),
-            str(k.processed),
+        key_rows.append(
+            [
+                k.key,
+                k.tenant,
+                k.plan,
+                state,
+                str(k.backlog),
+                str(k.in_flight),
+                _age(k.oldest_age),
+                str(k.active),
+                str(k.pending),
+                str(k.processed),
+            ]
         )
+    keys = fitted(
+        f"busiest {top} keys",
+        [
+            Col("key"),
+            Col("tenant"),
+            Col("plan", hide=2),
+            Col("state"),
+            Col("backlog", True),
+            Col("in flight", True),
+            Col("oldest", True),
+            Col("slices", True, 3),
+            Col("signals", True, 4),
+            Col("processed", True, 1),
+        ],
+        key_rows,
+        width,
+    )
     try:
         tenants = await a.tenant_stats(top=top)
     except Unsupported:  # an engine without per-tenant usage yet
         return Group(counters, keys)
-    table = Table(title="tenants, last minute (share of the domain's worker time)")
-    for col in ("tenant", "share", "worker time", "slices", "messages", "backlog", "at cap"):
-        table.add_column(col, justify="left" if col == "tenant" else "right")
-    for t in tenants:
-        table.add_row(
-            t.tenant,
-            f"{t.share:.1%}",
-            _age(t.busy),
-            str(t.slices),
-            str(t.messages),
-            str(t.backlog),
-            "[yellow]yes[/yellow]" if t.at_cap else "",
-        )
+    table = fitted(
+        "tenants, last minute (share of the domain's worker time)",
+        [
+            Col("tenant"),
+            Col("share", True),
+            Col("worker time", True),
+            Col("slices", True, 2),
+            Col("messages", True, 1),
+            Col("backlog", True),
+            Col("at cap", True),
+        ],
+        [
+            [
+                t.tenant,
+                f"{t.share:.1%}",
+                _age(t.busy),
+                str(t.slices),
+                str(t.messages),
+                str(t.backlog),
+                "[yellow]yes[/yellow]" if t.at_cap else "",
+            ]
+            for t in tenants
+        ],
+        width,
+    )
     return Group(counters, table, keys)
 
 

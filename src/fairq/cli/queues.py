@@ -32,6 +32,7 @@ from .app import (
     app,
     console,
 )
+from .tables import Col, fitted
 
 
 # -- send / receive ------------------------------------------------------------------------
@@ -123,37 +124,36 @@ def receive(
 
 
 # -- stats ---------------------------------------------------------------------------------
-async def stats_table(broker: Broker | Client, names: list[str] | None = None) -> Table:
-    """A table of every queue's counts, ages and counters."""
+async def stats_table(
+    broker: Broker | Client, names: list[str] | None = None, width: int | None = None
+) -> Table:
+    """A table of every queue's counts, ages and counters, fitted to ``width`` (the
+    terminal's): the counters since creation are the first to go when it is narrow."""
     names = names or await broker.list_queues()
     all_stats: dict[str, QueueStats] = {}
     for name in names:
         all_stats[name] = await broker.queue(name).stats()
-    table = Table(title=f"fairq queues — {broker.url}")
-    for col in (
-        "queue",
-        "visible",
-        "delayed",
-        "in flight",
-        "oldest",
-        "dlq",
-        "sent",
-        "acked",
-        "nacked",
-        "redelivered",
-        "dead-lettered",
-        "expired",
-        "freshness",
-    ):
-        table.add_column(col, justify="left" if col == "queue" else "right")
+    slos = any(s.freshness_slo is not None for s in all_stats.values())
+    cols = [
+        Col("queue"),
+        Col("visible", True),
+        Col("delayed", True),
+        Col("in flight", True),
+        Col("oldest", True),
+        Col("dlq", True),
+        Col("sent", True, 1),
+        Col("acked", True, 2),
+        Col("nacked", True, 5),
+        Col("redelivered", True, 4),
+        Col("dead-lettered", True, 3),
+        Col("expired", True, 6),
+    ]
+    if slos:  # a column only when some queue has a freshness SLO
+        cols.append(Col("freshness"))
+    rows = []
     for name, s in all_stats.items():
         dlq = all_stats.get(f"{name}.dlq")
-        fresh = "-"
-        if s.freshness_slo is not None:
-            fresh = (
-                f"[red]BREACH > {s.freshness_slo:g}s[/red]" if s.breaching else "[green]ok[/green]"
-            )
-        table.add_row(
+        row = [
             name,
             str(s.visible),
             str(s.delayed),
@@ -166,9 +166,16 @@ async def stats_table(broker: Broker | Client, names: list[str] | None = None) -
             str(s.redelivered),
             str(s.dead_lettered),
             str(s.expired),
-            fresh,
-        )
-    return table
+        ]
+        if slos:
+            if s.freshness_slo is None:
+                row.append("-")
+            elif s.breaching:
+                row.append(f"[red]BREACH > {s.freshness_slo:g}s[/red]")
+            else:
+                row.append("[green]ok[/green]")
+        rows.append(row)
+    return fitted(f"fairq queues — {broker.url}", cols, rows, width or console.width)
 
 
 @app.command()

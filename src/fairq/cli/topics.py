@@ -28,6 +28,7 @@ from .app import (
     app,
     console,
 )
+from .tables import Col, fitted
 
 
 # -- publish / subscribe -------------------------------------------------------------------
@@ -95,65 +96,50 @@ def subscribe(
     _run(main)
 
 
-async def topics_table(broker: Broker) -> Table:
-    """A table of every topic and its subscriptions, with filters, routing and depths."""
-    table = Table(title=f"fairq topics — {broker.url}")
-    for col in (
-        "topic",
-        "published",
-        "unmatched",
-        "subscription",
-        "routing",
-        "filter",
-        "push",
-        "visible",
-        "in flight",
-        "oldest",
-        "dlq",
-    ):
-        table.add_column(
-            col,
-            justify="right"
-            if col in ("published", "unmatched", "visible", "in flight", "dlq")
-            else "left",
-        )
+async def topics_table(broker: Broker, width: int | None = None) -> Table:
+    """A table of every topic and its subscriptions, with filters, routing and depths,
+    fitted to ``width`` (the terminal's)."""
+    cols = [
+        Col("topic"),
+        Col("published", True, 3),
+        Col("unmatched", True, 4),
+        Col("subscription"),
+        Col("routing", hide=2),
+        Col("filter", hide=1),
+        Col("push", hide=5),
+        Col("visible", True),
+        Col("in flight", True),
+        Col("oldest", True),
+        Col("dlq", True),
+    ]
+    rows: list[list[str]] = []
     queues = set(await broker.list_queues())
     for name in await broker.list_topics():
         t = broker.topic(name)
         s = await t.stats()
         subs = await t.subscriptions()
         if not subs:
-            table.add_row(
-                name,
-                str(s.published),
-                str(s.unmatched),
-                "[dim]none[/dim]",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-                "",
-            )
+            rows.append([name, str(s.published), str(s.unmatched), "[dim]none[/dim]"] + [""] * 7)
         for i, sub in enumerate(subs):
             qs = await broker.queue(sub.queue).stats()
             dlq = f"{sub.queue}.dlq"
             dlq_depth = str((await broker.queue(dlq).stats()).depth) if dlq in queues else "-"
-            table.add_row(
-                name if i == 0 else "",
-                str(s.published) if i == 0 else "",
-                str(s.unmatched) if i == 0 else "",
-                sub.name,
-                sub.routing or "#",
-                "" if sub.filter is None else json_compact(sub.filter),
-                sub.push or "",
-                str(qs.visible),
-                str(qs.in_flight),
-                _age(qs.oldest_age),
-                dlq_depth,
+            rows.append(
+                [
+                    name if i == 0 else "",
+                    str(s.published) if i == 0 else "",
+                    str(s.unmatched) if i == 0 else "",
+                    sub.name,
+                    sub.routing or "#",
+                    "" if sub.filter is None else json_compact(sub.filter),
+                    sub.push or "",
+                    str(qs.visible),
+                    str(qs.in_flight),
+                    _age(qs.oldest_age),
+                    dlq_depth,
+                ]
             )
-    return table
+    return fitted(f"fairq topics — {broker.url}", cols, rows, width or console.width)
 
 
 def json_compact(value: Any) -> str:

@@ -1,0 +1,87 @@
+"""The CLI's tables fit the terminal: columns that matter stay, the others give way, and
+nothing is cut to an ellipsis."""
+
+from __future__ import annotations
+
+from rich.console import Console
+
+from fairq.cli.tables import Col, fitted, folded
+
+COLS = [
+    Col("queue"),
+    Col("visible", True),
+    Col("sent", True, 1),
+    Col("acked", True, 2),
+    Col("expired", True, 3),
+]
+ROWS = [["orders.billing", "12", "340", "328", "0"], ["orders.billing.dlq", "0", "0", "0", "0"]]
+
+
+def render(renderable: object, width: int) -> str:
+    console = Console(width=width, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    console.print(renderable)
+    return console.export_text()
+
+
+def headers(text: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith("┃"))
+    return [cell.strip() for cell in line.strip("┃").split("┃")]
+
+
+def test_a_wide_terminal_shows_every_column_without_a_caption() -> None:
+    text = render(fitted("t", COLS, ROWS, 200), 200)
+    assert headers(text) == ["queue", "visible", "sent", "acked", "expired"]
+    assert "not shown" not in text
+
+
+def test_a_narrow_terminal_hides_the_highest_ranks_first_and_says_which() -> None:
+    # queue 18 + visible 7 + sent 4 + acked 5 + expired 7, each with 3 cells of edges, + 1
+    assert render(fitted("t", COLS, ROWS, 57), 57).count("not shown") == 0
+    text = render(fitted("t", COLS, ROWS, 56), 56)
+    assert headers(text) == ["queue", "visible", "sent", "acked"]
+    assert "not shown at 56 columns wide: expired" in text
+    text = render(fitted("t", COLS, ROWS, 38), 38)
+    assert headers(text) == ["queue", "visible"]
+    assert "sent, acked, expired" in text
+    assert "…" not in text
+
+
+def test_columns_always_shown_fold_instead_of_eliding() -> None:
+    text = render(fitted("t", COLS, ROWS, 20), 20)
+    assert "…" not in text
+    assert "orders" in text and "dlq" in text
+
+
+def test_an_empty_column_gives_way_before_a_higher_rank() -> None:
+    cols = [Col("topic"), Col("filter", hide=1), Col("push", hide=5), Col("visible", True)]
+    rows = [["orders", "", "http://127.0.0.1:9/hook", "3"]]
+    text = render(fitted(None, cols, rows, 46), 46)
+    assert headers(text) == ["topic", "push", "visible"]
+
+
+def test_folded_counters_keep_every_counter() -> None:
+    cols = [Col(f"counter {i}", True) for i in range(12)]
+    row = [str(i * 1000) for i in range(12)]
+    text = render(folded("domain d", cols, row, 60), 60)
+    for i in range(12):
+        assert f"counter {i}" in text and str(i * 1000) in text
+    assert "…" not in text
+    assert max(len(line) for line in text.splitlines()) <= 60
+
+
+async def test_stats_show_freshness_only_where_a_queue_has_an_slo() -> None:
+    import fairq
+    from fairq.cli.queues import stats_table
+
+    async with await fairq.connect("memory://") as broker:
+        await broker.declare_queue("plain")
+        assert "freshness" not in render(await stats_table(broker, width=200), 200)
+        q = await broker.declare_queue("fresh", freshness_slo=60)
+        await q.send(b"x")
+        text = render(await stats_table(broker, width=200), 200)
+        assert headers(text)[-1] == "freshness"
+        row = next(line for line in text.splitlines() if line.startswith("│ fresh "))
+        assert row.strip("│ ").endswith("ok")
+        text = render(await stats_table(broker, width=80), 80)
+        assert headers(text)[:6] == ["queue", "visible", "delayed", "in flight", "oldest", "dlq"]
+        assert "freshness" in headers(text) and "…" not in text
