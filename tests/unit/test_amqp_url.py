@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 import fairq
@@ -45,9 +47,28 @@ async def test_wrong_credentials_are_a_connection_error_with_the_password_masked
     with pytest.raises(fairq.ConnectionError) as info:
         await fairq.connect("amqp://guest:wrong-pass@127.0.0.1:5672/?store=memory://")
     assert "wrong-pass" not in str(info.value) and "***" in str(info.value)
+    assert "refused the login of user 'guest'" in str(info.value)
+
+
+async def test_a_vhost_that_does_not_exist_is_named_in_the_error() -> None:
+    require("amqp")
+    with pytest.raises(fairq.ConnectionError) as info:
+        await fairq.connect("amqp://guest:guest@127.0.0.1:5672/no-such-vhost-here?store=memory://")
+    message = str(info.value)
+    assert "would not open vhost 'no-such-vhost-here'" in message, message
+    assert "Connection.OpenOk" not in message
 
 
 async def test_an_unreachable_broker_is_a_connection_error() -> None:
     with pytest.raises(fairq.ConnectionError) as info:
         await fairq.connect("amqp://guest:pw@127.0.0.1:25699/?store=memory://&timeout=2")
     assert "pw@" not in str(info.value)
+    assert "Connect call failed" in str(info.value)
+
+
+async def test_a_failed_connect_is_reported_once_not_also_by_the_driver_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    with caplog.at_level(logging.DEBUG), pytest.raises(fairq.ConnectionError):
+        await fairq.connect("amqp://guest:pw@127.0.0.1:25699/?store=memory://&timeout=2")
+    assert not [r for r in caplog.records if "creating transport" in r.getMessage()]

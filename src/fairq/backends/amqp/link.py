@@ -57,6 +57,41 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (
 _OPTIONS = ("store", "prefetch", "management", "timeout", "name", "attention_queues")
 
 
+class _OpeningFailures(logging.Filter):
+    """Drops aiormq's own log line of a failed first connect ("error when creating
+    transport") while a link opens: :meth:`Link.open` raises the same failure as a
+    ``ConnectionError``, and a CLI user would read it twice. Reconnects still log."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opening = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (self.opening and record.getMessage().startswith("error when creating"))
+
+
+_opening_failures = _OpeningFailures()
+logging.getLogger("aiormq.connection").addFilter(_opening_failures)
+
+
+def _open_failed(url: AmqpUrl, exc: BaseException) -> ConnectionError:
+    """What a failed first connect means, in words: a refused login, a vhost RabbitMQ will
+    not open (it closes the connection without saying why in aiormq's error), or the
+    driver's own message."""
+    if isinstance(exc, aiormq.exceptions.ProbableAuthenticationError):
+        why = f"RabbitMQ refused the login of user {url.user!r} (wrong user or password)"
+    elif "Connection.Close" in str(exc):
+        why = (
+            f"RabbitMQ would not open vhost {url.vhost!r}: it does not exist, or user "
+            f"{url.user!r} has no permission on it (rabbitmqctl add_vhost / set_permissions)"
+        )
+    elif isinstance(exc, DRIVER_ERRORS):
+        why = str(exc)
+    else:
+        why = repr(exc)
+    return ConnectionError(f"cannot connect to {url.masked!r}: {why}")
+
+
 @dataclass(frozen=True, slots=True)
 class AmqpUrl:
     """A parsed ``amqp://`` URL: the broker URL aio-pika gets, fairq's own options."""
@@ -168,6 +203,7 @@ class Link:
         self.on_reconnect: list[Callable[[], None]] = []
 
     async def open(self) -> None:
+        _opening_failures.opening += 1
         try:
             self._conn = await aio_pika.connect_robust(
                 self.url.broker,
@@ -176,10 +212,10 @@ class Link:
                 reconnect_interval=0.5,
                 fail_fast=True,
             )
-        except DRIVER_ERRORS as exc:
-            raise ConnectionError(f"cannot connect to {self.url.masked!r}: {exc}") from exc
         except Exception as exc:  # aio-pika raises its own errors for bad credentials
-            raise ConnectionError(f"cannot connect to {self.url.masked!r}: {exc!r}") from exc
+            raise _open_failed(self.url, exc) from exc
+        finally:
+            _opening_failures.opening -= 1
         self._conn.reconnect_callbacks.add(self._reconnected)
 
     async def close(self) -> None:
