@@ -101,6 +101,7 @@ class Feed:
     _flushing: int = 0  # flushes writing their frames right now
     _written: asyncio.Event = field(default_factory=asyncio.Event)  # set: none is
     _confirms: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
+    _holding: bool = False  # acks wait for the consumer's cancel (hold_acks)
 
     @property
     def key(self) -> str:
@@ -272,7 +273,16 @@ class Feed:
         finally:
             self._acking = None
 
+    def hold_acks(self) -> None:
+        """Send no ack until :meth:`stop` has cancelled the consumer: an ack that reaches
+        the broker first opens the prefetch window, the queue hands the consumer more
+        messages, and the cancel returns those (on a quorum queue, with one more
+        ``x-delivery-count``: an attempt nobody made)."""
+        self._holding = True
+
     async def flush_acks(self) -> None:
+        if self._holding:
+            return  # sent once the consumer is cancelled (stop)
         tags, self._acks = self._acks, []
         ch = self.channel
         if not tags or ch is None or ch.is_closed:
@@ -359,18 +369,25 @@ class Feed:
         return self.live()
 
     async def stop(self) -> list[Delivered]:
-        """Stop consuming; return what was held (still unacked on the channel)."""
-        held = list(self.held)
-        self.held.clear()
+        """Stop consuming; return what was held (still unacked on the channel): every
+        delivery of the consumer — the broker sends none after its ``cancel-ok``, so the
+        buffer is read once that has come, not before (deliveries on their way would stay
+        unacked and go back when the channel closes, an attempt counted that nobody made).
+        Acks wait for the cancel (:meth:`hold_acks`)."""
+        self.hold_acks()
         ch = self.channel
         if ch is not None and self.live() and self.consumer_tag is not None:
             try:
                 await ch.basic_cancel(self.consumer_tag)
             except Exception:  # the channel may be going away anyway
                 log.debug("could not cancel the consumer of %s", self.queue, exc_info=True)
+        self._holding = False
+        held = list(self.held)
+        self.held.clear()
         return held
 
     async def close(self) -> None:
+        self._holding = False  # whatever happened to stop(): the acks go out
         await self.flush_acks()
         ch, self.channel = self.channel, None
         self.held.clear()

@@ -60,6 +60,12 @@ class AmqpLeases(AmqpCore):
                     if empty_answers >= 2 and not feed.held:
                         break
                     continue
+                if feed.held:
+                    # the consumer's deliveries that came before the get's answer are
+                    # earlier in the queue (a new consumer's first ones, most often): they
+                    # go first, the got message after them
+                    feed.held.append(got)
+                    got = feed.held.popleft()
                 delivered = got
             received = await self._lease(feed, config, delivered, vt)
             if received is not None:

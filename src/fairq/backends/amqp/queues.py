@@ -59,6 +59,9 @@ class AmqpQueues(AmqpLeases):
         if self._closed:
             return
         self._closed = True
+        for feed in self._feeds.values():  # before anything yields to the ack sender
+            if feed.consume:
+                feed.hold_acks()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
