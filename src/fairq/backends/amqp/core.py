@@ -192,21 +192,28 @@ class AmqpCore(Backend):
         wait for every confirm; True per item the broker took, False per one it refused."""
         ch = await self.link.channel("publish", confirms=True)
         props = spec.Basic.Properties
+        messages = [
+            (
+                body,
+                exchange,
+                key,
+                props(
+                    delivery_mode=2,
+                    message_id=mid,
+                    headers=headers or None,
+                    priority=priority or None,
+                ),
+            )
+            for exchange, key, body, headers, priority, mid in items
+        ]
+        for _, _, _, properties in messages:  # before any is sent: all or nothing
+            if properties.headers:
+                self.link.check_header(properties, what)
         with driver_errors(what, self.url.masked):
             confirms = await asyncio.gather(
                 *[
-                    ch.basic_publish(
-                        body,
-                        exchange=exchange,
-                        routing_key=key,
-                        properties=props(
-                            delivery_mode=2,
-                            message_id=mid,
-                            headers=headers or None,
-                            priority=priority or None,
-                        ),
-                    )
-                    for exchange, key, body, headers, priority, mid in items
+                    ch.basic_publish(body, exchange=exchange, routing_key=key, properties=p)
+                    for body, exchange, key, p in messages
                 ],
                 return_exceptions=True,
             )

@@ -25,6 +25,7 @@ from ...errors import (
     BackendError,
     ConfigConflict,
     ConnectionError,
+    InvalidMessage,
     InvalidOption,
     QueueNotFound,
 )
@@ -36,6 +37,7 @@ try:
     import aiormq.abc
     import aiormq.exceptions
     from pamqp import commands as spec
+    from pamqp import header as pamqp_header
 except ImportError as exc:  # pragma: no cover - the extra is missing
     raise ConnectionError("the RabbitMQ backend needs aio-pika: pip install 'fairq[amqp]'") from exc
 
@@ -53,6 +55,8 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (
     asyncio.TimeoutError,
     RuntimeError,  # aiormq: "... closed" on a channel whose connection went away
 )
+
+_FRAME_OVERHEAD = 8  # frame type, channel, size and end octet around a frame's payload
 
 _OPTIONS = ("store", "prefetch", "management", "timeout", "name", "attention_queues")
 
@@ -240,6 +244,21 @@ class Link:
         if transport is None or transport.connection.is_closed:
             raise ConnectionError(f"RabbitMQ at {self.url.masked!r} is unreachable (reconnecting)")
         return transport.connection
+
+    def check_header(self, properties: spec.Basic.Properties, what: str) -> None:
+        """``InvalidMessage`` if a message's properties (its attributes, as headers) would
+        not fit in one frame: AMQP cannot split a content header, and RabbitMQ answers an
+        oversized one by closing the whole connection (every lease on it lost)."""
+        frame_max = int(self._raw().connection_tune.frame_max or 0)
+        if not frame_max:
+            return  # no limit negotiated
+        size = len(pamqp_header.ContentHeader(0, 0, properties).marshal()) + _FRAME_OVERHEAD
+        if size > frame_max:
+            raise InvalidMessage(
+                f"{what}: the message's attributes take {size:,} bytes in its AMQP header "
+                f"frame; RabbitMQ's frame_max is {frame_max:,} bytes (attributes must fit in "
+                "one frame: keep large data in the body)"
+            )
 
     def server_version(self) -> tuple[int, ...] | None:
         """The broker's version (e.g. ``(3, 10, 8)``), None if it does not say."""
