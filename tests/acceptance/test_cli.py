@@ -62,6 +62,29 @@ def test_stats_fit_an_80_column_terminal(tmp_path: Path) -> None:
     ], text
     assert re.search(r"orders\.billing\s+│\s+3\s", text), text
     assert "not shown at 80 columns wide:" in text and "expired" in text
+    named = fairq("stats", "orders.billing", cwd=tmp_path, columns=80).stdout
+    row = next(line for line in named.splitlines() if line.startswith("│ orders.billing "))
+    assert [c.strip() for c in row.strip("│").split("│")][5] == "0", named  # its DLQ's depth
+    assert "orders.billing.dlq" not in named
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["send", "jobs", "x", "--count", "0"],
+        ["send", "jobs", "x", "--count", "-5"],
+        ["send", "jobs", "x", "--delay", "-1"],
+        ["send", "jobs", "x", "--priority", "-1"],
+        ["send", "jobs", "x", "--dedup-id", "k1", "--count", "3"],
+        ["receive", "jobs", "--max", "0"],
+        ["receive", "jobs", "--wait", "-1"],
+    ],
+    ids=lambda args: " ".join(args[2:]) if args[0] == "send" else " ".join(args[::2]),
+)
+def test_bad_options_are_usage_errors_that_send_nothing(tmp_path: Path, args: list[str]) -> None:
+    proc = fairq(*args, cwd=tmp_path, check=False)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert not (tmp_path / "cli.db").exists() or "jobs" not in fairq("stats", cwd=tmp_path).stdout
 
 
 def test_errors_are_one_line_and_exit_1(tmp_path: Path) -> None:

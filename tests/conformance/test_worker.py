@@ -65,8 +65,9 @@ async def test_return_acks(live_broker: fairq.Broker, q: fairq.Queue) -> None:
 
 
 async def test_exception_nacks_with_backoff_then_dead_letters(
-    live_broker: fairq.Broker, q: fairq.Queue
+    live_broker: fairq.Broker, q: fairq.Queue, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level("ERROR", logger="fairq")
     await q.send(b"boom")
     attempts: list[tuple[int, float]] = []
     worker = fairq.Worker(live_broker, handle_signals=False, poll_wait=0.2)
@@ -86,6 +87,10 @@ async def test_exception_nacks_with_backoff_then_dead_letters(
     (m,) = await live_broker.queue("jobs.dlq").receive()
     assert m.attributes["fairq.reason"] == "max_attempts"
     assert worker.stats.failed == 3
+    logged = [r.getMessage() for r in caplog.records if "failed on message" in r.getMessage()]
+    assert len(logged) == 3, logged  # the log says what happens next: two retries, then none
+    assert "(attempt 1); retry in" in logged[0] and "(attempt 2); retry in" in logged[1]
+    assert "attempt 3, the last of max_attempts=3" in logged[2] and "retry in" not in logged[2]
 
 
 async def test_reject_dead_letters_at_once(live_broker: fairq.Broker, q: fairq.Queue) -> None:

@@ -9,7 +9,8 @@ import sys
 from pathlib import Path
 
 import httpx
-from httpsupport import ADMIN, fairq_serve
+import pytest
+from httpsupport import ADMIN, fairq_serve, free_port
 
 
 def fairq(
@@ -86,3 +87,22 @@ def test_make_run_is_fairq_serve_on_the_default_address() -> None:
     assert (options.host, options.port, options.url) == ("127.0.0.1", 8040, None)
     readme = (root / "README.md").read_text()
     assert "http://127.0.0.1:8040" in readme.split("```")[1]
+
+
+def test_a_server_that_is_not_there_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    out = fairq("stats", "--server", url, cwd=tmp_path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert f"cannot reach the fairq server at {url}" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+async def test_the_client_raises_connection_error_for_a_server_that_is_not_there() -> None:
+    import fairq
+    from fairq.http.client import Client
+
+    async with Client(f"http://127.0.0.1:{free_port()}") as client:
+        with pytest.raises(fairq.ConnectionError, match="cannot reach"):
+            await client.list_queues()
+        with pytest.raises(fairq.ConnectionError, match="cannot reach"):
+            await client.queue("jobs").send(b"x")

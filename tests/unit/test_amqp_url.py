@@ -36,6 +36,13 @@ def test_nested_store_passwords_are_masked() -> None:
     assert not any(s in masked for s in ("one", "two", "three"))
 
 
+@pytest.mark.parametrize("prefetch", ["0", "-1", "65536", "70000", "abc"])
+def test_a_prefetch_outside_amqps_16_bits_is_refused(prefetch: str) -> None:
+    with pytest.raises(fairq.InvalidOption, match="prefetch"):
+        parse_url(f"amqp://h/v?store=memory://&prefetch={prefetch}")
+    assert parse_url("amqp://h/v?store=memory://&prefetch=65535").prefetch == 65535
+
+
 async def test_a_url_without_a_store_is_refused() -> None:
     with pytest.raises(fairq.ConnectionError) as info:
         await fairq.connect("amqp://guest:secret@127.0.0.1:5672/")

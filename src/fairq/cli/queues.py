@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sys
 from typing import TYPE_CHECKING, Annotated
 
@@ -11,6 +12,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ..broker import Broker
+from ..errors import QueueNotFound
 from ..queue import QueueStats
 
 if TYPE_CHECKING:
@@ -41,11 +43,13 @@ def send(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
     body: BodyArgument = None,
     attr: AttrOption = [],  # noqa: B006
-    delay: Annotated[float, typer.Option(help="Seconds before it becomes visible.")] = 0.0,
-    priority: Annotated[int, typer.Option(help="Priority (0..max_priority).")] = 0,
+    delay: Annotated[float, typer.Option(min=0.0, help="Seconds before it becomes visible.")] = 0.0,
+    priority: Annotated[int, typer.Option(min=0, help="Priority (0..max_priority).")] = 0,
     group: Annotated[str | None, typer.Option(help="FIFO group.")] = None,
     dedup_id: DedupOption = None,
-    count: Annotated[int, typer.Option(help="Send this many copies (in batches of 100).")] = 1,
+    count: Annotated[
+        int, typer.Option(min=1, help="Send this many copies (in batches of 100).")
+    ] = 1,
     declare: Annotated[
         bool, typer.Option(help="Declare the queue first if it does not exist.")
     ] = True,
@@ -54,6 +58,11 @@ def send(
     api_key: ApiKeyOption = None,
 ) -> None:
     """Send a message (or --count copies) and print the id(s)."""
+    if dedup_id is not None and count > 1:
+        raise typer.BadParameter(
+            "a deduplication id names one message: it cannot go with --count above 1",
+            param_hint="--dedup-id",
+        )
     data = sys.stdin.buffer.read() if body is None or body == "-" else body.encode()
     attrs = _parse_attrs(attr)
 
@@ -84,8 +93,10 @@ def send(
 @app.command()
 def receive(
     queue: Annotated[str, typer.Argument(help="Queue name.")],
-    max_messages: Annotated[int, typer.Option("--max", "-n", help="At most this many.")] = 10,
-    wait: Annotated[float, typer.Option(help="Long-poll up to this many seconds.")] = 0.0,
+    max_messages: Annotated[
+        int, typer.Option("--max", "-n", min=1, max=10_000, help="At most this many.")
+    ] = 10,
+    wait: Annotated[float, typer.Option(min=0.0, help="Long-poll up to this many seconds.")] = 0.0,
     ack: Annotated[
         bool, typer.Option(help="Ack what was received (--no-ack leaves it leased).")
     ] = True,
@@ -129,10 +140,17 @@ async def stats_table(
 ) -> Table:
     """A table of every queue's counts, ages and counters, fitted to ``width`` (the
     terminal's): the counters since creation are the first to go when it is narrow."""
+    chosen = bool(names)
     names = names or await broker.list_queues()
     all_stats: dict[str, QueueStats] = {}
     for name in names:
         all_stats[name] = await broker.queue(name).stats()
+    dlqs: dict[str, QueueStats] = {}
+    if chosen:  # the queues named: their dead-letter queues' depths, not shown as rows
+        for name in names:
+            if f"{name}.dlq" not in all_stats:
+                with contextlib.suppress(QueueNotFound):
+                    dlqs[f"{name}.dlq"] = await broker.queue(f"{name}.dlq").stats()
     slos = any(s.freshness_slo is not None for s in all_stats.values())
     cols = [
         Col("queue"),
@@ -152,7 +170,7 @@ async def stats_table(
         cols.append(Col("freshness"))
     rows = []
     for name, s in all_stats.items():
-        dlq = all_stats.get(f"{name}.dlq")
+        dlq = all_stats.get(f"{name}.dlq") or dlqs.get(f"{name}.dlq")
         row = [
             name,
             str(s.visible),

@@ -35,6 +35,7 @@ import orjson
 
 from ..attention import Plan
 from ..clock import Clock, SystemClock
+from ..errors import ConnectionError
 from ..queue import QueueStats
 from .errors import RemoteError, exception_from
 from .remote import RemoteAttention, RemoteQueue, RemoteTopic, dataclass_from
@@ -101,14 +102,22 @@ class Client:
         sent = dict(headers or {})
         if content is not None:
             sent["Content-Type"] = "application/json"
-        response = await self._http.request(
-            method,
-            path,
-            content=content,
-            params=params,
-            headers=sent or None,
-            timeout=self.timeout + wait,
-        )
+        try:
+            response = await self._http.request(
+                method,
+                path,
+                content=content,
+                params=params,
+                headers=sent or None,
+                timeout=self.timeout + wait,
+            )
+        except httpx.TimeoutException as exc:
+            raise ConnectionError(
+                f"the fairq server at {self.url} did not answer {method} {path} within "
+                f"{self.timeout + wait:g} s"
+            ) from exc
+        except httpx.TransportError as exc:
+            raise ConnectionError(f"cannot reach the fairq server at {self.url}: {exc}") from exc
         if response.status_code == 204:
             return None
         try:

@@ -15,7 +15,7 @@ import httpx
 import orjson
 
 from ..attention import AttentionStats, KeyStats, TenantStats
-from ..errors import LeaseLost
+from ..errors import ConnectionError, LeaseLost
 from ..message import Outgoing, Received
 from ..pubsub import PublishResult, TopicStats
 from ..queue import QueueConfig, QueueStats
@@ -350,7 +350,12 @@ class RemoteListener:
     async def _events(self) -> AsyncIterator[Received]:
         http = self._client._http
         request = http.build_request("GET", self._path, params=self._params, timeout=None)
-        response = await http.send(request, stream=True)
+        try:
+            response = await http.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise ConnectionError(
+                f"cannot reach the fairq server at {self._client.url}: {exc}"
+            ) from exc
         self._response = response
         if not response.is_success:
             await response.aread()

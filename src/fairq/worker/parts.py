@@ -73,6 +73,7 @@ class _Consumer:
     is_async: bool
     queue: Queue | None = None
     lease: float = 30.0
+    max_attempts: int | None = None  # the queue's, read at start (for the failure log)
     busy: int = 0
     idempotency: IdempotentBy | None = None
     claims: IdempotencyStore | None = None

@@ -206,6 +206,7 @@ class Runtime:
         c.queue = self._broker.queue(c.name)
         config = await c.queue.config()
         c.lease = c.visibility_timeout or config.visibility_timeout
+        c.max_attempts = config.max_attempts
 
     def _start(self, c: _Consumer) -> None:
         assert self._stopping is not None
@@ -440,13 +441,23 @@ class Runtime:
         except Exception:
             self.stats.failed += 1
             delay = c.retry.delay(msg.attempt, self._rng)
-            log.exception(
-                "handler of %s failed on message %s (attempt %d); retry in %.1f s",
-                c.name,
-                msg.id,
-                msg.attempt,
-                delay,
-            )
+            if c.max_attempts is not None and msg.attempt >= c.max_attempts:
+                log.exception(
+                    "handler of %s failed on message %s (attempt %d, the last of "
+                    "max_attempts=%d); it is dead-lettered, not retried",
+                    c.name,
+                    msg.id,
+                    msg.attempt,
+                    c.max_attempts,
+                )
+            else:
+                log.exception(
+                    "handler of %s failed on message %s (attempt %d); retry in %.1f s",
+                    c.name,
+                    msg.id,
+                    msg.attempt,
+                    delay,
+                )
             await self._end_claim(claim, done=False)  # before the nack: the retry may run
             await self._settle(msg.nack(delay), msg)
             return False

@@ -145,8 +145,8 @@ def parse_url(url: str) -> AmqpUrl:
         timeout = float(ours.get("timeout", "10"))
     except ValueError as exc:
         raise InvalidOption(f"bad prefetch or timeout in {masked!r}") from exc
-    if prefetch < 1 or timeout <= 0:
-        raise InvalidOption(f"prefetch must be >= 1 and timeout > 0 in {masked!r}")
+    if not 1 <= prefetch <= 65535 or timeout <= 0:  # basic.qos's prefetch is 16 bits
+        raise InvalidOption(f"prefetch must be 1-65535 and timeout > 0 in {masked!r}")
     attention_queues = ours.get("attention_queues", "classic")
     if attention_queues not in ("classic", "quorum"):
         raise InvalidOption(f"attention_queues must be classic or quorum in {masked!r}")
