@@ -49,7 +49,8 @@ class AmqpBackend(AmqpAttention):
         "stats.process": "in_flight and oldest_age count this process's leases and "
         "prefetched deliveries only (RabbitMQ does not say who holds what); a process that "
         "does not consume the queue (a dashboard) reports the management API's unacked "
-        "count, sampled every 5 s",
+        "count, sampled every 5 s, and an oldest_age of 0 (no freshness_slo breach); "
+        "visible leaves out what other processes' consumers have prefetched",
         "leases.process": "a lease belongs to the process that received it: it ends when that "
         "process's connection closes (the message returns at once), and only that process "
         "can settle it",
