@@ -86,6 +86,7 @@ async def test_exception_nacks_with_backoff_then_dead_letters(
     assert gaps[0] >= 0.18 and gaps[1] >= 0.38, f"exponential backoff between attempts: {gaps}"
     (m,) = await live_broker.queue("jobs.dlq").receive()
     assert m.attributes["fairq.reason"] == "max_attempts"
+    assert (await live_broker.queue("jobs.dlq").stats()).sent == 1  # counted where it went
     assert worker.stats.failed == 3
     logged = [r.getMessage() for r in caplog.records if "failed on message" in r.getMessage()]
     assert len(logged) == 3, logged  # the log says what happens next: two retries, then none

@@ -271,6 +271,7 @@ class AmqpLeases(AmqpCore):
             raise QueueFull(target, 0, "the dead-letter queue refused the message", "reject")
         await self._settle(lease, "ack")
         self._count(lease.queue, "dead_lettered")
+        self._count(target, "sent")  # as on every engine: a dead letter is sent to its queue
 
     async def extend(self, queue: str, receipts: list[str], seconds: float) -> list[str]:
         await self._config(queue)
