@@ -43,6 +43,12 @@ def test_a_prefetch_outside_amqps_16_bits_is_refused(prefetch: str) -> None:
     assert parse_url("amqp://h/v?store=memory://&prefetch=65535").prefetch == 65535
 
 
+async def test_a_store_that_is_rabbitmq_again_is_refused_as_such() -> None:
+    with pytest.raises(fairq.ConnectionError, match="cannot be another amqp:// URL") as info:
+        await fairq.connect("amqp://guest:secret@127.0.0.1:5672/?store=amqp://u:pw@h/x")
+    assert "secret" not in str(info.value) and "pw@" not in str(info.value)
+
+
 async def test_a_url_without_a_store_is_refused() -> None:
     with pytest.raises(fairq.ConnectionError) as info:
         await fairq.connect("amqp://guest:secret@127.0.0.1:5672/")

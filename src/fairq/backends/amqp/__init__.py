@@ -81,6 +81,12 @@ class AmqpBackend(AmqpAttention):
                 "hold: add ?store=sqlite:///fairq.db (one machine), ?store=redis://... or "
                 "?store=postgresql://..."
             )
+        if parsed.store.split(":", 1)[0].lower() in ("amqp", "amqps"):
+            raise ConnectionError(
+                f"cannot open {parsed.masked!r}: the store cannot be another amqp:// URL "
+                "(RabbitMQ keeps no named counters, leases or records for another engine): "
+                "use ?store=sqlite:///..., redis://... or postgresql://..."
+            )
         store = open_backend(parsed.store, clock)
         super().__init__(parsed, clock, store)
 
