@@ -88,8 +88,9 @@ def test_bad_options_are_usage_errors_that_send_nothing(tmp_path: Path, args: li
 
 
 def test_errors_are_one_line_and_exit_1(tmp_path: Path) -> None:
-    proc = fairq("receive", "never-declared", cwd=tmp_path, check=False)
+    proc = fairq("receive", "never-declared", cwd=tmp_path, check=False, columns=40)
     assert proc.returncode == 1
+    assert proc.stderr.count("\n") == 1, proc.stderr  # not wrapped at the terminal's width
     assert "does not exist" in proc.stderr and "Traceback" not in proc.stderr
     proc = fairq("send", "bad name", "x", cwd=tmp_path, check=False)
     assert proc.returncode == 1 and "invalid queue name" in proc.stderr

@@ -64,7 +64,7 @@ DedupOption = Annotated[str | None, typer.Option("--dedup-id", help="Deduplicati
 def fail(message: str, code: int = 1) -> NoReturn:
     """Print ``error: message`` on stderr and exit with ``code``. The message is printed as
     text, not as console markup: ``pip install 'fairq[server]'`` keeps its ``[server]``."""
-    err_console.print(f"[red]error:[/red] {escape(message)}")
+    err_console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # one line
     raise typer.Exit(code)
 
 

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     pass
 
 
+from rich.markup import escape
+
 from .app import (
     UrlOption,
     app,
@@ -112,7 +114,7 @@ def serve(
     try:
         keys = prepare(options)
     except FairqError as exc:
-        err_console.print(f"[red]error:[/red] {exc}")
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
     from ..broker import DEFAULT_URL, mask_url
 
