@@ -43,7 +43,8 @@ __all__ = [
 MAX_ATTRIBUTES = 32
 MAX_ATTRIBUTE_KEY = 128
 JSON_CONTENT_TYPE = "application/json"
-_NAME = re.compile(r"[A-Za-z0-9._:-]{1,200}")
+MAX_NAME = 200  # characters of a queue, topic, subscription or domain name
+_NAME = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_NAME}}}")
 _KEY = re.compile(r"[A-Za-z0-9_.:-]{1,100}")
 _ID_SHIFT = 16
 

@@ -119,6 +119,14 @@ async def test_invalid_queue_names(broker: fairq.Broker, name: object) -> None:
     assert await broker.list_queues() == []
 
 
+async def test_a_name_too_long_for_its_default_dlq_says_so(broker: fairq.Broker) -> None:
+    await broker.declare_queue("a" * 196)  # with ".dlq": 200 characters
+    assert await broker.list_queues() == ["a" * 196, "a" * 196 + ".dlq"]
+    with pytest.raises(fairq.InvalidName, match="use at most 196, or pass dead_letter="):
+        await broker.declare_queue("b" * 197)
+    assert len(await broker.list_queues()) == 2
+
+
 @pytest.mark.parametrize("name", ["a", "A" * 200, "ticket-pdf", "orders.v2:eu_west-1", "1.2.3"])
 async def test_valid_queue_names(broker: fairq.Broker, name: str) -> None:
     q = await broker.declare_queue(name, dead_letter=None)

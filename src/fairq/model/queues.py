@@ -8,8 +8,8 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
-from ..errors import ConfigConflict, InvalidOption
-from ..message import check_name, check_number
+from ..errors import ConfigConflict, InvalidName, InvalidOption
+from ..message import MAX_NAME, check_name, check_number
 
 __all__ = [
     "DEFAULT",
@@ -192,5 +192,11 @@ def queue_config_from_options(name: str, options: Mapping[str, Any]) -> QueueCon
         )
     values = dict(options)
     if values.get("dead_letter", DEFAULT) is DEFAULT:
+        if len(name) > MAX_NAME - len(".dlq"):
+            raise InvalidName(
+                f"queue name {name[:20]!r}... has {len(name)} characters: with its "
+                f"dead-letter queue's '.dlq' it would pass the {MAX_NAME} a name may have; "
+                f"use at most {MAX_NAME - len('.dlq')}, or pass dead_letter= (None: no DLQ)"
+            )
         values["dead_letter"] = f"{name}.dlq"
     return QueueConfig(**values).validated(name)
