@@ -50,11 +50,25 @@ def test_url_options_are_split_from_libpq_ones() -> None:
         "timeout=x",
         "listen=maybe",
         "clock=sundial",
+        "connect_timeout=abc",
     ],
 )
 def test_bad_options_are_refused(query: str) -> None:
     with pytest.raises(fairq.InvalidOption):
         parse_url(f"postgresql://u@h/db?{query}")
+
+
+async def test_libpq_options_with_spaces_reach_the_server_unchanged() -> None:
+    _require("postgres")
+    url = pg_url("fairq").replace("?", "?options=-c%20statement_timeout%3D4321&", 1)
+    url += "&application_name=my%20app"
+    conninfo = parse_url(url).conninfo
+    assert "+" not in conninfo.split("?", 1)[1]  # libpq reads a '+' as a '+'
+    async with await psycopg.AsyncConnection.connect(conninfo) as conn:
+        cur = await conn.execute(
+            "SELECT current_setting('statement_timeout'), current_setting('application_name')"
+        )
+        assert await cur.fetchone() == ("4321ms", "my app")
 
 
 def test_mask_hides_passwords_everywhere() -> None:

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
 
 try:
     import psycopg
@@ -156,10 +156,13 @@ def parse_url(url: str) -> Options:
     clock = mine.pop("clock", "auto").lower()
     if clock not in ("auto", "server", "client"):
         raise InvalidOption(f"clock must be auto, server or client, got {clock!r}")
-    connect_timeout = float(options.get("connect_timeout", "10") or 10)
+    # libpq's own option, read here too (the pool waits as long): left in the URL
+    connect_timeout = _number(dict(options), "connect_timeout", 10.0, 0.0) or 10.0
     options.setdefault("connect_timeout", str(int(max(1, connect_timeout))))
     scheme = "postgresql"
-    conninfo = urlunsplit((scheme, parts.netloc, parts.path, urlencode(options), ""))
+    # percent-encoded, not '+' for a space: libpq decodes %20 but keeps a '+' as it is
+    query = urlencode(options, quote_via=quote)
+    conninfo = urlunsplit((scheme, parts.netloc, parts.path, query, ""))
     return Options(
         conninfo=conninfo,
         masked=masked,
