@@ -15,6 +15,7 @@ import pytest
 import fairq
 from fairq.backends.redis.conn import parse_url
 from redis_servers import RedisServer, available, commandstats
+from services import require
 
 
 # -- URLs ----------------------------------------------------------------------------------
@@ -63,6 +64,12 @@ async def test_unreachable_server_is_a_connection_error_with_the_password_masked
     text = str(info.value)
     assert "hunter2" not in text and "***" in text and "127.0.0.1:1" in text
     assert info.value.__cause__ is not None
+
+
+async def test_a_cluster_url_on_a_server_that_is_no_cluster_is_a_connection_error() -> None:
+    require("redis")
+    with pytest.raises(fairq.ConnectionError, match="Cluster mode is not enabled"):
+        await fairq.connect("redis+cluster://127.0.0.1:6379")
 
 
 @pytest.mark.skipif(not available(), reason="redis-server is not installed")

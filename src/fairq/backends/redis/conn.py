@@ -310,5 +310,6 @@ def script_error(exc: rex.ResponseError) -> ScriptError | None:
     return ScriptError(code, values)
 
 
-DriverErrors: tuple[type[BaseException], ...] = (rex.RedisError, OSError)
+# RedisClusterException is not a RedisError (a node that is not a cluster, a lost slot map)
+DriverErrors: tuple[type[BaseException], ...] = (rex.RedisError, rex.RedisClusterException, OSError)
 Callback = Callable[[str], None]
