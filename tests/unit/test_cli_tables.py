@@ -85,3 +85,18 @@ async def test_stats_show_freshness_only_where_a_queue_has_an_slo() -> None:
         text = render(await stats_table(broker, width=80), 80)
         assert headers(text)[:6] == ["queue", "visible", "delayed", "in flight", "oldest", "dlq"]
         assert "freshness" in headers(text) and "…" not in text
+
+
+async def test_stats_show_the_depth_of_a_dead_letter_queue_of_any_name() -> None:
+    import fairq
+    from fairq.cli.queues import stats_table
+
+    async with await fairq.connect("memory://") as broker:
+        q = await broker.declare_queue("cust", dead_letter="graveyard", max_attempts=1)
+        await q.send(b"x")
+        (m,) = await q.receive()
+        await m.dead_letter("bad")
+        for names in (None, ["cust"]):
+            text = render(await stats_table(broker, names, width=200), 200)
+            row = next(line for line in text.splitlines() if line.startswith("│ cust "))
+            assert [c.strip() for c in row.strip("│").split("│")][5] == "1", text

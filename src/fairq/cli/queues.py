@@ -140,17 +140,17 @@ async def stats_table(
 ) -> Table:
     """A table of every queue's counts, ages and counters, fitted to ``width`` (the
     terminal's): the counters since creation are the first to go when it is narrow."""
-    chosen = bool(names)
     names = names or await broker.list_queues()
     all_stats: dict[str, QueueStats] = {}
+    dead_letter: dict[str, str | None] = {}
     for name in names:
-        all_stats[name] = await broker.queue(name).stats()
-    dlqs: dict[str, QueueStats] = {}
-    if chosen:  # the queues named: their dead-letter queues' depths, not shown as rows
-        for name in names:
-            if f"{name}.dlq" not in all_stats:
-                with contextlib.suppress(QueueNotFound):
-                    dlqs[f"{name}.dlq"] = await broker.queue(f"{name}.dlq").stats()
+        q = broker.queue(name)
+        all_stats[name] = await q.stats()
+        dead_letter[name] = (await q.config()).dead_letter  # "<name>.dlq" unless declared so
+    dlqs: dict[str, QueueStats] = {}  # the depths of dead-letter queues not shown as rows
+    for dlq_name in {d for d in dead_letter.values() if d is not None} - set(all_stats):
+        with contextlib.suppress(QueueNotFound):
+            dlqs[dlq_name] = await broker.queue(dlq_name).stats()
     slos = any(s.freshness_slo is not None for s in all_stats.values())
     cols = [
         Col("queue"),
@@ -170,7 +170,8 @@ async def stats_table(
         cols.append(Col("freshness"))
     rows = []
     for name, s in all_stats.items():
-        dlq = all_stats.get(f"{name}.dlq") or dlqs.get(f"{name}.dlq")
+        target = dead_letter[name]
+        dlq = None if target is None else all_stats.get(target) or dlqs.get(target)
         row = [
             name,
             str(s.visible),
