@@ -44,6 +44,8 @@ def test_send_receive_stats_redrive(tmp_path: Path) -> None:
     assert "no messages in jobs.dlq" in fairq("receive", "jobs.dlq", cwd=tmp_path).stdout
     redrive = fairq("redrive", "jobs.dlq", cwd=tmp_path).stdout
     assert "moved 0 message(s)" in redrive
+    wrong = fairq("redrive", "jobs", cwd=tmp_path, check=False)  # not a dead-letter queue
+    assert wrong.returncode == 1 and "is it a dead-letter queue?" in wrong.stderr, wrong.stderr
 
 
 def test_stats_fit_an_80_column_terminal(tmp_path: Path) -> None:

@@ -33,6 +33,7 @@ from .app import (
     _run,
     app,
     console,
+    fail,
 )
 from .tables import Col, fitted
 
@@ -255,5 +256,11 @@ def redrive(
                     progress.update(task, completed=min(moved, total))
             left = (await broker.queue(queue).stats()).visible
             console.print(f"moved {moved} message(s); {left} left in {queue}")
+            if left and not moved and to is None and limit != 0:
+                fail(
+                    f"nothing in {queue} could go back: its messages name no source queue "
+                    "that exists (fairq.source) — is it a dead-letter queue? --to QUEUE "
+                    "moves them to a queue of your choice"
+                )
 
     _run(main)
