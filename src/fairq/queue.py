@@ -339,6 +339,7 @@ class Queue:
         return await self._backend.queue_config(self.name)
 
     async def peek(self, limit: int = 10) -> list[Received]:
-        """Up to ``limit`` messages in delivery order, without leasing them (receipt is "")."""
+        """Up to ``limit`` messages, oldest sent first (ready, delayed or leased), without
+        leasing them (receipt is "")."""
         check_count("limit", limit, minimum=1, maximum=10_000)
         return await self._backend.peek(self.name, limit)

@@ -136,6 +136,34 @@ def test_worker_command_shuts_down_gracefully_on_sigterm(tmp_path: Path) -> None
     )  # visible, delayed, in flight; acked
 
 
+def test_worker_command_takes_url(tmp_path: Path) -> None:
+    (tmp_path / "app.py").write_text(APP)
+    fairq("send", "jobs", "two", "--url", f"sqlite:///{tmp_path / 'other.db'}", cwd=tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "worker", "app:worker", "--url"]
+        + [f"sqlite:///{tmp_path / 'other.db'}"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, FAIRQ_URL=f"sqlite:///{tmp_path / 'cli.db'}"),  # --url wins
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "start two"
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "done two" in out, err
+
+
+def test_worker_url_cannot_replace_the_apps_own(tmp_path: Path) -> None:
+    (tmp_path / "own.py").write_text(
+        "import fairq\nworker = fairq.Worker('sqlite:///mine.db')\n"
+        "@worker.queue('jobs')\nasync def handle(msg): pass\n"
+    )
+    proc = fairq("worker", "own:worker", "--url", "sqlite:///x.db", cwd=tmp_path, check=False)
+    assert proc.returncode == 2 and "cannot replace" in proc.stderr, proc.stderr
+
+
 def test_worker_command_rejects_a_bad_target(tmp_path: Path) -> None:
     proc = fairq("worker", "no_such_module:worker", cwd=tmp_path, check=False)
     assert proc.returncode == 2 and "cannot import" in proc.stderr

@@ -56,6 +56,15 @@ def worker(
     spec: Annotated[str, typer.Argument(metavar="APP", help="module:attribute of a fairq.Worker.")],
     push: Annotated[bool, typer.Option(help="Also deliver every push subscription.")] = False,
     log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "INFO",
+    url: Annotated[
+        str | None,
+        typer.Option(
+            "--url",
+            "-u",
+            help="Backend URL for a Worker made without one (default $FAIRQ_URL, else "
+            "sqlite:///fairq.db).",
+        ),
+    ] = None,
 ) -> None:
     """Run a worker until SIGINT/SIGTERM (graceful: in-flight messages finish or go back)."""
     import logging
@@ -63,7 +72,15 @@ def worker(
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    if url is not None:  # before the app is imported: a Worker() there reads it when it runs
+        os.environ["FAIRQ_URL"] = url
     w = load_worker(spec)
+    if url is not None and not w.takes_url_from_environment():
+        raise typer.BadParameter(
+            f"{spec} makes its Worker with a broker or URL of its own; --url cannot replace "
+            "it (make it with fairq.Worker() to take --url or $FAIRQ_URL)",
+            param_hint="--url",
+        )
     if push:
         w.push()
     _run(w.run)

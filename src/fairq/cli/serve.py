@@ -31,7 +31,9 @@ def serve(
     host: Annotated[
         str, typer.Option(envvar="FAIRQ_HOST", help="Address to listen on (loopback by default).")
     ] = "127.0.0.1",
-    port: Annotated[int, typer.Option(envvar="FAIRQ_PORT", help="Port to listen on.")] = 8040,
+    port: Annotated[
+        int, typer.Option(min=1, max=65535, envvar="FAIRQ_PORT", help="Port to listen on.")
+    ] = 8040,
     workers: Annotated[
         bool,
         typer.Option(

@@ -57,7 +57,13 @@ def publish(
                 if r.subscriptions
                 else "[dim]no subscription matched[/dim]"
             )
-            console.print(f"{r.message_id} → {copies}")
+            if r.duplicate:  # a repeated dedup id: the first publish's answer, nothing new
+                console.print(
+                    f"{r.message_id} → {copies} [yellow](a duplicate of that publish: "
+                    "nothing was published now)[/yellow]"
+                )
+            else:
+                console.print(f"{r.message_id} → {copies}")
 
     _run(main)
 

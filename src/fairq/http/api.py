@@ -184,7 +184,7 @@ ROUTES: tuple[Route, ...] = (
           description="Answers the ids in order (a deduplicated message: the first id). "
           "429 when a bounded queue is full."),
     Route("GET", "/v1/queues/{queue}/messages", "peekMessages", Q, "receive",
-          "Peek at messages in delivery order without leasing them", peek,
+          "Peek at messages, oldest first (any state), without leasing them", peek,
           query=m.PeekQuery, response=m.Messages, errors=E_Q),
     Route("POST", "/v1/queues/{queue}/receive", "receiveMessages", Q, "receive",
           "Receive (lease) messages, with an optional long poll", receive,

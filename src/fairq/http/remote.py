@@ -220,7 +220,7 @@ class RemoteQueue(_RemoteHandle):
         return int((await self._post("purge", None))["purged"])
 
     async def peek(self, limit: int = 10) -> list[Received]:
-        """Messages in delivery order, not leased (receipt is "")."""
+        """Messages, oldest sent first (ready, delayed or leased), not leased (receipt is "")."""
         data = await self._client.request(
             "GET", f"/v1/queues/{self.name}/messages", params={"limit": limit}
         )

@@ -64,6 +64,7 @@ class Runtime:
             raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
         self._broker = broker if isinstance(broker, Broker) else None
         self._url = broker if isinstance(broker, str) else None
+        self._own_broker = broker is not None
         self.concurrency = concurrency
         self.grace = grace
         self.poll_wait = poll_wait
@@ -89,6 +90,11 @@ class Runtime:
         self._busy_runners: set[asyncio.Task[Any]] = set()
         self._http: Any = None  # httpx.AsyncClient of push deliveries
         self._signal_task: asyncio.Future[None] | None = None
+
+    def takes_url_from_environment(self) -> bool:
+        """True when made without a broker or URL: :meth:`run` connects to ``$FAIRQ_URL``
+        (what ``fairq worker --url`` sets), else the SQLite default."""
+        return not self._own_broker
 
     @property
     def broker(self) -> Broker | None:
