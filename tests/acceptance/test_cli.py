@@ -138,10 +138,10 @@ def test_worker_command_shuts_down_gracefully_on_sigterm(tmp_path: Path) -> None
 
 def test_worker_command_takes_url(tmp_path: Path) -> None:
     (tmp_path / "app.py").write_text(APP)
-    fairq("send", "jobs", "two", "--url", f"sqlite:///{tmp_path / 'other.db'}", cwd=tmp_path)
+    other = f"sqlite:///{tmp_path / 'other.db'}"
+    fairq("send", "jobs", "two", "--url", other, cwd=tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "fairq", "worker", "app:worker", "--url"]
-        + [f"sqlite:///{tmp_path / 'other.db'}"],
+        [sys.executable, "-m", "fairq", "worker", "app:worker", "--url", other],
         cwd=tmp_path,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,

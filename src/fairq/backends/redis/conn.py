@@ -63,7 +63,9 @@ class RedisOptions:
     safety_poll: float
 
 
-def _number(options: dict[str, str], key: str, default: float, url: str) -> float:
+def _number(
+    options: dict[str, str], key: str, default: float, url: str, unit: str = "seconds"
+) -> float:
     raw = options.pop(key, None)
     if raw is None:
         return default
@@ -71,8 +73,9 @@ def _number(options: dict[str, str], key: str, default: float, url: str) -> floa
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise InvalidOption(f"{key} must be a positive number of seconds in {mask(url)!r}")
+    if not value > 0 or (unit != "seconds" and not value.is_integer()):
+        kind = "number of seconds" if unit == "seconds" else f"whole number of {unit}"
+        raise InvalidOption(f"{key} must be a positive {kind} in {mask(url)!r}, got {raw!r}")
     return value
 
 
@@ -88,8 +91,12 @@ def parse_url(url: str) -> RedisOptions:
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
     cluster = scheme == "redis+cluster"
-    options = dict(parse_qsl(parts.query))
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
     masked = mask(url)
+    options = dict(pairs)
+    repeated = sorted({k for k, _ in pairs if sum(1 for j, _ in pairs if j == k) > 1})
+    if repeated:
+        raise InvalidOption(f"option(s) given twice in {masked!r}: {', '.join(repeated)}")
     try:
         port = parts.port or 6379
     except ValueError as exc:
@@ -101,6 +108,8 @@ def parse_url(url: str) -> RedisOptions:
     if cluster and db:
         raise ConnectionError(f"cannot open {masked!r}: Redis Cluster has only database 0")
     prefix = options.pop("prefix", "fairq:")
+    if not prefix:  # an empty prefix would share every key name with other applications
+        raise InvalidOption(f"prefix cannot be empty in {masked!r} (default fairq:)")
     if "{" in prefix or "}" in prefix:
         raise InvalidOption("the key prefix cannot contain { or } (they mark hash tags)")
     clock = options.pop("clock", "client").lower()
@@ -108,7 +117,7 @@ def parse_url(url: str) -> RedisOptions:
         raise InvalidOption(f"clock must be client or server, got {clock!r}")
     timeout = _number(options, "timeout", 5.0, url)
     connect_timeout = _number(options, "connect_timeout", 2.0, url)
-    max_connections = int(_number(options, "max_connections", 1024, url))
+    max_connections = int(_number(options, "max_connections", 1024, url, "connections"))
     safety_poll = _number(options, "safety_poll", 5.0, url)
     if options:
         raise InvalidOption(f"unknown redis URL options: {', '.join(sorted(options))}")
