@@ -100,3 +100,33 @@ async def test_stats_show_the_depth_of_a_dead_letter_queue_of_any_name() -> None
             text = render(await stats_table(broker, names, width=200), 200)
             row = next(line for line in text.splitlines() if line.startswith("│ cust "))
             assert [c.strip() for c in row.strip("│").split("│")][5] == "1", text
+
+
+def test_a_command_prints_fairqs_warnings_as_warning_lines() -> None:
+    import logging
+
+    from typer.testing import CliRunner
+
+    from fairq.cli import app
+
+    logger = logging.getLogger("fairq")
+    before = list(logger.handlers)
+    try:
+        result = CliRunner().invoke(app, ["stats", "--url", "memory://"])
+        assert result.exit_code == 0, result.output
+        (added,) = [h for h in logger.handlers if h not in before]
+        record = logger.makeRecord(
+            "fairq.x", logging.WARNING, "f", 1, "autovacuum is off", (), None
+        )
+        assert added.format(record) == "warning: autovacuum is off"
+        assert added.level == logging.WARNING
+    finally:
+        logger.handlers[:] = before
+
+
+async def test_stats_of_no_queue_say_so() -> None:
+    import fairq
+    from fairq.cli.queues import stats_table
+
+    async with await fairq.connect("memory://") as broker:
+        assert "no queues yet" in render(await stats_table(broker, width=200), 200)

@@ -4,6 +4,8 @@ handling, small formatters. The commands live in the sibling modules."""
 from __future__ import annotations
 
 import asyncio
+import logging
+import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -113,13 +115,32 @@ def _age(seconds: float) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+class _Line(logging.Formatter):
+    """``warning: message``, as the CLI's errors are ``error: message``."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return f"{record.levelname.lower()}: {record.getMessage()}"
+
+
+#: the commands that set up logging of their own (a log format with times, uvicorn's)
+_OWN_LOGGING = frozenset({"worker", "serve", "demo"})
+
+
 @app.callback(invoke_without_command=True)
 def _main(
+    ctx: typer.Context,
     version: Annotated[bool, typer.Option("--version", help="Print the version and exit.")] = False,
 ) -> None:
     if version:
         console.print(f"fairq {__version__}")
         raise typer.Exit()
+    logger = logging.getLogger("fairq")
+    if ctx.invoked_subcommand not in _OWN_LOGGING and not logger.handlers:
+        # fairq's warnings (an engine setting to fix, say) as one "warning:" line each
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(_Line())
+        handler.setLevel(logging.WARNING)
+        logger.addHandler(handler)
 
 
 def _progress() -> Progress:

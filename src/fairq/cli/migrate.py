@@ -20,7 +20,10 @@ def migrate(
     """Apply fairq's missing migrations to a postgresql:// URL's schema (?schema=, default
     fairq), under an advisory lock; --dry-run prints them instead."""
     if not url or not url.startswith(("postgresql://", "postgres://")):
-        err_console.print("fairq migrate needs --url postgresql://... (SQLite upgrades itself)")
+        err_console.print(
+            "fairq migrate needs --url postgresql://... (only PostgreSQL has migrations to "
+            "run: SQLite upgrades its file when it opens it, Redis and RabbitMQ have none)"
+        )
         raise typer.Exit(2)
     from ..backends.postgres.migrate import migrate_url
 
