@@ -70,6 +70,21 @@ def test_stats_fit_an_80_column_terminal(tmp_path: Path) -> None:
     assert "orders.billing.dlq" not in named
 
 
+def test_subscribe_updates_only_what_it_is_given(tmp_path: Path) -> None:
+    def row() -> list[str]:
+        text = fairq("topics", cwd=tmp_path).stdout
+        line = next(x for x in text.splitlines() if "│ sms " in x)
+        return [c.strip() for c in line.strip("│").split("│")]
+
+    fairq("subscribe", "events", "sms", "--filter", '{"channel": ["sms"]}', cwd=tmp_path)
+    fairq("subscribe", "events", "sms", "--routing", "sms.#", cwd=tmp_path)
+    assert row()[4:6] == ["sms.#", '{"channel":["sms"]}']  # the filter stayed
+    fairq("subscribe", "events", "sms", "--filter", "", cwd=tmp_path)  # "" removes it
+    assert row()[4:6] == ["sms.#", ""]
+    out = fairq("publish", "events", "x", "--key", "sms.eu", cwd=tmp_path).stdout
+    assert "→ sms" in out
+
+
 @pytest.mark.parametrize(
     "args",
     [

@@ -84,11 +84,12 @@ def subscribe(
     push: Annotated[str | None, typer.Option(help="Deliver by HTTP POST to this URL.")] = None,
     url: UrlOption = None,
 ) -> None:
-    """Create (or update) a subscription of a topic."""
+    """Create (or update) a subscription of a topic. Updating, an option left out keeps the
+    subscription's current value; --filter "" and --push "" remove them."""
     import json
 
     try:
-        policy = None if filter is None else json.loads(filter)
+        policy = None if not filter else json.loads(filter)
     except json.JSONDecodeError as exc:
         raise typer.BadParameter(f"not JSON: {exc}", param_hint="--filter") from exc
 
@@ -96,7 +97,15 @@ def subscribe(
         async with await connect(url) as broker:
             if topic not in await broker.list_topics(prefix=topic):
                 await broker.declare_topic(topic)
-            q = await broker.topic(topic).subscribe(name, filter=policy, routing=routing, push=push)
+            t = broker.topic(topic)
+            chosen: dict[str, Any] = {"filter": policy, "routing": routing, "push": push or None}
+            given = {"filter": filter, "routing": routing, "push": push}
+            for sub in await t.subscriptions():
+                if sub.name == name:  # an update: what was left out stays as it is
+                    for option, value in given.items():
+                        if value is None:
+                            chosen[option] = getattr(sub, option)
+            q = await t.subscribe(name, **chosen)
             console.print(f"subscription {name} of {topic} → queue [cyan]{q.name}[/cyan]")
 
     _run(main)
