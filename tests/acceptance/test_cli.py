@@ -70,6 +70,18 @@ def test_stats_fit_an_80_column_terminal(tmp_path: Path) -> None:
     assert "orders.billing.dlq" not in named
 
 
+def test_send_with_a_priority_declares_a_queue_that_takes_it(tmp_path: Path) -> None:
+    fairq("send", "urgent", "low", cwd=tmp_path, check=False)  # max_priority 0: refused below
+    fairq("send", "ranked", "low", "--max-priority", "9", cwd=tmp_path)
+    fairq("send", "ranked", "high", "--priority", "9", cwd=tmp_path)
+    fairq("send", "first", "p5", "--priority", "5", cwd=tmp_path)  # declared with max 5
+    refused = fairq("send", "urgent", "x", "--priority", "3", cwd=tmp_path, check=False)
+    assert refused.returncode == 1 and "max_priority 0" in refused.stderr
+    got = fairq("receive", "ranked", "--max", "2", cwd=tmp_path).stdout
+    assert got.index("high") < got.index("low")
+    assert "p5" in fairq("receive", "first", cwd=tmp_path).stdout
+
+
 def test_subscribe_updates_only_what_it_is_given(tmp_path: Path) -> None:
     def row() -> list[str]:
         text = fairq("topics", cwd=tmp_path).stdout

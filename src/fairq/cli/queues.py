@@ -54,6 +54,14 @@ def send(
     declare: Annotated[
         bool, typer.Option(help="Declare the queue first if it does not exist.")
     ] = True,
+    max_priority: Annotated[
+        int | None,
+        typer.Option(
+            min=0,
+            help="max_priority of a queue this command declares (default: the --priority "
+            "given, else 0).",
+        ),
+    ] = None,
     url: UrlOption = None,
     server: ServerOption = None,
     api_key: ApiKeyOption = None,
@@ -73,7 +81,8 @@ def send(
         async with await _open(url, server, api_key) as broker:
             q = broker.queue(queue)
             if declare and queue not in await broker.list_queues(prefix=queue):
-                q = await broker.declare_queue(queue)
+                top = priority if max_priority is None else max_priority
+                q = await broker.declare_queue(queue, max_priority=top)
             if count == 1:
                 console.print(await q.send(data, attrs, delay, priority, group, dedup_id))
                 return
