@@ -107,6 +107,8 @@ def encode_attributes(attributes: Mapping[str, str] | None, json_body: bool) -> 
                 raise InvalidMessage(f"attribute keys are strings of 1-128 characters: {key!r}")
             if not isinstance(value, str):
                 raise InvalidMessage(f"attribute {key!r} must be a str, got {type(value).__name__}")
+            if "\x00" in key or "\x00" in value:  # PostgreSQL's text and JSON refuse it
+                raise InvalidMessage(f"attribute {key!r} cannot contain NUL characters")
             attrs[key] = value
     else:
         raise InvalidMessage(f"attributes must be a dict of str to str, got {attributes!r}")

@@ -85,6 +85,8 @@ def _check_tag(name: str, value: object) -> str | None:
         return None
     if not isinstance(value, str) or not 1 <= len(value) <= MAX_GROUP:
         raise InvalidMessage(f"{name} must be a string of 1-{MAX_GROUP} characters, got {value!r}")
+    if "\x00" in value:  # no engine's text type takes it alike (PostgreSQL refuses it)
+        raise InvalidMessage(f"{name} cannot contain NUL characters: {value!r}")
     return value
 
 
@@ -114,8 +116,8 @@ def make_envelope(
 
         raise MessageTooLarge(len(data), max_bytes)
     attrs = encode_attributes(attributes, is_json)
-    if delay:
-        delay = check_number("delay", delay)
+    # a float whatever was written (0 or 0.0): a batch's delays go to an engine as one list
+    delay = check_number("delay", delay) if delay else 0.0
     if priority:
         check_count("priority", priority, minimum=0, maximum=MAX_PRIORITY_LIMIT)
     return Envelope(

@@ -66,6 +66,8 @@ def check_routing_key(key: object) -> str:
     """
     if not isinstance(key, str):
         raise InvalidMessage(f"a routing key is a str, got {type(key).__name__}")
+    if "\x00" in key:  # no engine's text type takes it alike (PostgreSQL refuses it)
+        raise InvalidMessage(f"a routing key cannot contain NUL characters: {key!r}")
     if _byte_length(key) > MAX_ROUTING_KEY_BYTES:
         raise InvalidMessage(
             f"routing key {key[:40]!r}... is {_byte_length(key)} bytes of UTF-8, "

@@ -60,6 +60,33 @@ async def test_received_fields(broker: fairq.Broker, clock: fairq.ManualClock) -
     assert isinstance(m.receipt, str) and m.receipt
 
 
+async def test_nul_characters_are_refused_before_anything_is_stored(broker: fairq.Broker) -> None:
+    q = await broker.declare_queue("nul")
+    for options in ({"group": "a\x00b"}, {"dedup_id": "d\x00"}):
+        with pytest.raises(fairq.InvalidMessage, match="NUL"):
+            await q.send(b"x", **options)  # type: ignore[arg-type]
+    if "pubsub" not in broker.backend.missing:
+        topic = await broker.declare_topic("nul-t")
+        with pytest.raises(fairq.InvalidMessage, match="NUL"):
+            await topic.publish(b"x", routing_key="a\x00b")
+    assert (await q.stats()).sent == 0
+
+
+async def test_a_batch_mixing_a_zero_delay_and_a_delay_is_stored(broker: fairq.Broker) -> None:
+    q = await broker.declare_queue("mixed")
+    await q.send_batch([fairq.Outgoing("now", delay=0), fairq.Outgoing("later", delay=30)])
+    assert [m.body for m in await q.receive(max_messages=5)] == [b"now"]
+    if "stats.delayed" not in broker.backend.missing:  # RabbitMQ cannot count them
+        assert (await q.stats()).delayed == 1
+
+
+async def test_a_group_on_a_plain_queue_is_delivered_with_the_message(broker: fairq.Broker) -> None:
+    q = await broker.declare_queue("grouped")
+    await q.send(b"x", group="A")
+    (m,) = await q.receive()
+    assert m.group == "A"
+
+
 async def test_attributes_limits(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("attrs")
     ok = {f"k{i}": "v" for i in range(32)}
@@ -73,6 +100,8 @@ async def test_attributes_limits(broker: fairq.Broker) -> None:
         {"k": 1},  # not a str value
         {1: "v"},  # not a str key
         ["k", "v"],  # not a mapping
+        {"k": "a\x00b"},  # NUL: PostgreSQL's text refuses it, so every engine does
+        {"k\x00": "v"},
     ):
         with pytest.raises(fairq.InvalidMessage):
             await q.send(b"x", attributes=bad)  # type: ignore[arg-type]

@@ -539,6 +539,23 @@ async def test_rule11_long_poll_wakes_on_send(live_broker: fairq.Broker) -> None
     )
 
 
+async def test_rule11_long_poll_on_a_dead_letter_queue_wakes_on_a_dead_letter(
+    live_broker: fairq.Broker,
+) -> None:
+    q = await live_broker.declare_queue("src")
+    await q.send(b"poison")
+    (m,) = await q.receive()
+    dlq = live_broker.queue("src.dlq")
+    waiter = asyncio.create_task(dlq.receive(wait=10))
+    await asyncio.sleep(0.2)
+    assert not waiter.done()
+    await m.dead_letter("cannot parse")
+    done_at = time.monotonic()
+    (dead,) = await asyncio.wait_for(waiter, 5)
+    assert dead.body == b"poison"
+    assert time.monotonic() - done_at < 0.45, "woken by the dead letter, not by a poll"
+
+
 async def test_rule11_long_poll_times_out_empty(live_broker: fairq.Broker) -> None:
     q = await live_broker.declare_queue("poll2")
     started = time.monotonic()

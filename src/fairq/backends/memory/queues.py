@@ -233,6 +233,7 @@ class MemoryQueues(Backend):
         self._insert(
             dlq, now, m.body, attrs, 0.0, min(m.priority, dlq.config.max_priority), m.group
         )
+        self.wakeups.notify([target])  # a long poll on the dead-letter queue
 
     def _expired(self, m: _Msg, now: float) -> bool:
         return id_time(m.id) < now - m.queue.config.retention

@@ -93,7 +93,7 @@ def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
     if cfg.max_length is None and not cfg.fifo:
         if len(envs) == 1:
             env = envs[0]
-            if env.dedup_id is None and not env.delay and not env.priority:
+            if env.dedup_id is None and not env.delay and not env.priority and env.group is None:
                 return [format_id(insert_one(t, q, env.body, blob_of(env.attributes)))]
         elif all(
             e.dedup_id is None and not e.delay and not e.priority and e.group is None for e in envs
