@@ -66,6 +66,8 @@ async def test_join_status_admit_verify_consume(app: Server) -> None:
     second = ok(await api.post("/v1/rooms/ev-88/join", json={"fan": "fan-2"}))
     again = ok(await api.post("/v1/rooms/ev-88/join", json={"fan": "fan-1"}))
     assert again["ticket"] == first["ticket"] and again["position"] == 0  # rule 1
+    reserved = await api.post("/v1/rooms/ev-88/join", json={"fan": "f-" + "A" * 22})
+    err(reserved, 422, "invalid_option")  # the public pages' anonymous ids are theirs alone
     st = ok(await api.get("/v1/rooms/ev-88/status", params={"ticket": second["ticket"]}))
     assert (st["state"], st["position"], st["token"]) == ("waiting", 1, None)
 

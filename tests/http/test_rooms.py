@@ -73,6 +73,23 @@ async def test_join_gives_each_browser_one_place(fans: Callable[[], httpx.AsyncC
     assert r.json()["position"] == 1
 
 
+async def test_a_cookie_naming_another_fan_takes_nobodys_place(
+    fans: Callable[[], httpx.AsyncClient], room: fairq.WaitingRoom
+) -> None:
+    """The public join trusts only anonymous ids it made itself: a fan the app joined
+    under its own id ("user-42", through /v1 or the Python API) cannot be taken over by a
+    browser that sets the cookie to that id (its ticket and admission token with it)."""
+    theirs = await room.join("user-42")
+    await room.admit(1)
+    thief = fans()
+    thief.cookies.set("fairq_fan", "user-42", domain="shop.test", path="/rooms")
+    got = await join(thief)
+    assert got["ticket"] != theirs.ticket and got["state"] == "waiting"
+    assert thief.cookies.get("fairq_fan", path="/rooms", domain="shop.test") != "user-42"
+    r = await thief.get("/rooms/ev-88/status")
+    assert "token" not in r.json()
+
+
 async def test_status_errors(fans: Callable[[], httpx.AsyncClient]) -> None:
     fan = fans()
     r = await fan.get("/rooms/ev-88/status")

@@ -33,6 +33,7 @@ from ..errors import FairqError, InvalidOption, RoomNotFound
 from ..message import check_name
 from ..waitingroom import RoomStats, Status, Ticket, WaitingRoom
 from .models import MAX_INT, Key, PositiveSeconds, PrefixQuery, Query, Request
+from .rooms import ANONYMOUS_PREFIX
 
 if TYPE_CHECKING:
     from ..broker import Broker
@@ -172,6 +173,11 @@ async def delete_room(c: Call) -> None:
 
 async def join(c: Call) -> Ticket:
     body: JoinRequest = c.body
+    if body.fan.startswith(ANONYMOUS_PREFIX):
+        raise InvalidOption(
+            f"fan ids beginning with {ANONYMOUS_PREFIX!r} are reserved for the anonymous "
+            "visitors of the public waiting-room pages"
+        )
     return await (await _room(c)).join(body.fan)
 
 

@@ -36,6 +36,7 @@ import html
 import inspect
 import logging
 import math
+import re
 import secrets
 import time
 from collections import OrderedDict
@@ -316,12 +317,11 @@ def rooms_routes(
             fan = await _maybe(identify(request))
             return (None if fan is None else check_key(fan, "fan id")), False
         fan = request.cookies.get(FAN_COOKIE)
-        if fan:
-            try:
-                return check_key(fan, "fan id"), False
-            except InvalidName:
-                pass
-        return "f-" + secrets_token(), True
+        if fan and is_anonymous_fan(fan):
+            # only an id this server made: a cookie naming an app's fan ("user-42", who
+            # joined through /v1) would take that fan's place and admission token
+            return fan, False
+        return ANONYMOUS_PREFIX + secrets_token(), True
 
     async def status_of(request: Request, name: str, ticket: str) -> tuple[WaitingRoom, Status]:
         room = await rooms.get(request, name)
@@ -513,6 +513,17 @@ def rooms_routes(
 def secrets_token() -> str:
     """A new anonymous fan id (128 random bits, URL-safe)."""
     return secrets.token_urlsafe(16)
+
+
+#: what starts the id of an anonymous visitor of the public pages (reserved: /v1 refuses it)
+ANONYMOUS_PREFIX = "f-"
+_ANONYMOUS = re.compile(r"f-[A-Za-z0-9_-]{22}")
+
+
+def is_anonymous_fan(fan: str) -> bool:
+    """Whether ``fan`` has the form of an id the public pages make (``f-`` + 22 random
+    URL-safe characters)."""
+    return _ANONYMOUS.fullmatch(fan) is not None
 
 
 def rooms_app(broker: Broker | None = None, *, url: str | None = None, **options: Any) -> Starlette:
