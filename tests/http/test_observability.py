@@ -62,6 +62,15 @@ async def test_metrics_read_fresh_stats_at_each_scrape() -> None:
         routes = {dict(labels)["route"] for _, labels in hist}
         assert "/v1/queues/{queue}/messages" in routes, "labelled by route template"
         assert not any("jobs" in r for r in routes)
+        for i in range(5):  # made-up methods share one label value: no series without end
+            await api.request(f"X{i}", "/healthz")
+        m = samples((await api.get("/metrics")).text)
+        methods = {
+            dict(labels)["method"]
+            for name, labels in m
+            if name == "fairq_http_request_duration_seconds_count"
+        }
+        assert "other" in methods and not any(x.startswith("X") for x in methods), methods
 
         clock.advance(11)  # the oldest message is now older than the SLO
         m = samples((await api.get("/metrics")).text)

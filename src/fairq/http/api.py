@@ -305,8 +305,11 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", f"{ROOM}/verify", "verifyAdmission", R, "receive",
           "Check an admission token (`consume`: and burn it, it works once)", rooms.verify,
           body=rooms.VerifyRequest, response=rooms.Claims, errors=(400, 403, 404, 422),
-          description="A forged, altered, expired, other room's or used token answers 403 "
-          "`invalid_token`. Gateways may also verify offline with `/rooms/{room}/jwks.json`."),
+          description="A forged, altered, expired or other room's token answers 403 "
+          "`invalid_token`; with `consume`, so does a used one. Without `consume` only the "
+          "signature and times are checked, as offline (a used token still verifies): the "
+          "call that must happen once, the purchase, consumes. Gateways may also verify "
+          "offline with `/rooms/{room}/jwks.json`."),
     Route("POST", f"{ROOM}/admit", "admitFans", R, "admin",
           "Admit the next `n` waiting fans at once, whatever the rate", rooms.admit,
           body=rooms.AdmitRequest, response=rooms.Admitted, errors=(400, 404, 422),

@@ -272,9 +272,17 @@ class RequestTimer:
         finally:
             if not scope.get("fairq.stream"):
                 route = scope.get("fairq.route") or _other(scope["path"])
-                self.metrics.requests.labels(scope["method"], route, str(status)).observe(
+                method = scope["method"]
+                if method not in _METHODS:  # a client's made-up method: no series of its own
+                    method = "other"
+                self.metrics.requests.labels(method, route, str(status)).observe(
                     time.perf_counter() - start
                 )
+
+
+#: the methods that get a label value of their own; any other is "other" (a label value a
+#: client chooses would let it add series without end)
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def _other(path: str) -> str:
