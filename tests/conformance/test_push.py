@@ -105,5 +105,13 @@ async def test_push_delivers_every_message_or_dead_letters_it(
 
 async def test_push_subscription_needs_a_url(broker: fairq.Broker) -> None:
     t = await broker.declare_topic("t")
-    with pytest.raises(fairq.InvalidOption):
-        await t.subscribe("s", push="ftp://example")
+    for bad in (
+        "ftp://example",
+        "https://",
+        "http://a b/",
+        "http://h/x\r\nX-Injected: 1",
+        "http://h:99999/",
+    ):
+        with pytest.raises(fairq.InvalidOption, match="push must be"):
+            await t.subscribe("s", push=bad)
+    assert await t.subscriptions() == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 from ..errors import InvalidOption
 from ..filters import Filter, compile_filter
@@ -95,6 +96,18 @@ class SubscriptionIndex:
         return [n for n in routed if (f := filters.get(n)) is None or f.matches(attributes)]
 
 
+def _is_push_url(push: object) -> bool:
+    """An absolute http(s) URL with a host, that an HTTP client can send to as it is."""
+    if not isinstance(push, str) or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in push):
+        return False
+    try:
+        parts = urlsplit(push)
+        parts.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError:
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
 def check_subscription(topic: str, name: str, filter: Any, routing: Any, push: Any) -> Subscription:
     """Validate a subscription before the backend sees it (``InvalidFilter`` for a bad
     filter policy or routing pattern)."""
@@ -104,9 +117,10 @@ def check_subscription(topic: str, name: str, filter: Any, routing: Any, push: A
         if not isinstance(routing, str):
             raise InvalidOption(f"routing must be a string pattern or None, got {routing!r}")
         check_pattern(routing)
-    if push is not None and (
-        not isinstance(push, str) or not push.startswith(("http://", "https://"))
-    ):
-        raise InvalidOption(f"push must be an http:// or https:// URL, got {push!r}")
+    if push is not None and not _is_push_url(push):
+        raise InvalidOption(
+            f"push must be an http:// or https:// URL with a host and no spaces or control "
+            f"characters, got {push!r}"
+        )
     queue = check_name(f"{topic}.{name}", "subscription queue")
     return Subscription(topic, name, queue, filter, routing, push)
