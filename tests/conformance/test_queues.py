@@ -378,6 +378,25 @@ async def test_rule8_drop_oldest(broker: fairq.Broker) -> None:
         await q.send(b"7")  # all three are in flight: nothing visible to drop
 
 
+@pytest.mark.requires("bounded.in_flight")
+@pytest.mark.parametrize("overflow", ["reject", "drop_oldest"])
+async def test_rule8_a_message_past_its_last_attempt_takes_no_room(
+    broker: fairq.Broker, clock: fairq.ManualClock, overflow: str
+) -> None:
+    """Its last lease ran out: it is on its way to the dead-letter queue (rule 6), so a
+    full queue has room again, and drop_oldest does not drop it as an overflow."""
+    q = await broker.declare_queue(
+        "last", max_length=1, max_attempts=1, visibility_timeout=5, overflow=overflow
+    )
+    await q.send(b"a")
+    assert len(await q.receive()) == 1
+    clock.advance(6)
+    await q.send(b"b")  # the room a's last attempt left
+    (dead,) = await broker.queue("last.dlq").receive()
+    assert (dead.body, dead.attributes["fairq.reason"]) == (b"a", "max_attempts")
+    assert await bodies(await q.receive()) == [b"b"]
+
+
 @pytest.mark.requires("overflow.block")
 async def test_rule8_batch_larger_than_the_queue(broker: fairq.Broker) -> None:
     for overflow in ("reject", "drop_oldest", "block"):
