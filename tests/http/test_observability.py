@@ -71,11 +71,23 @@ async def test_metrics_read_fresh_stats_at_each_scrape() -> None:
             if name == "fairq_http_request_duration_seconds_count"
         }
         assert "other" in methods and not any(x.startswith("X") for x in methods), methods
+        assert m[("fairq_queues", ())] == m[("fairq_queues_read", ())] >= 2  # all with series
 
         clock.advance(11)  # the oldest message is now older than the SLO
         m = samples((await api.get("/metrics")).text)
         assert m[("fairq_queue_freshness_breach", q)] == 1
         assert m[("fairq_queue_oldest_age_seconds", q)] >= 11
+    await broker.close()
+
+
+async def test_metrics_say_how_many_queues_have_no_series() -> None:
+    broker = await fairq.connect("memory://")
+    for name in ("a", "b", "c"):
+        await broker.declare_queue(name, dead_letter=None)
+    async with serving(broker, max_sampled_queues=2) as s:
+        m = samples((await s.http.get("/metrics")).text)
+        assert (m[("fairq_queues", ())], m[("fairq_queues_read", ())]) == (3, 2)
+        assert ("fairq_queue_visible", (("queue", "c"),)) not in m
     await broker.close()
 
 

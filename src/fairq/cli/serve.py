@@ -42,14 +42,24 @@ def serve(
             "the waiting rooms' admitters here.",
         ),
     ] = False,
-    max_batch: Annotated[int, typer.Option(help="Most messages per request.")] = 100,
+    max_batch: Annotated[int, typer.Option(min=1, help="Most messages per request.")] = 100,
     max_body: Annotated[
         int | None,
-        typer.Option(help="Largest request body in bytes (default: max message size x batch)."),
+        typer.Option(
+            min=1024, help="Largest request body in bytes (default: max message size x batch)."
+        ),
     ] = None,
     sample_interval: Annotated[
-        float, typer.Option(help="Seconds between the dashboard's stats samples.")
+        float, typer.Option(min=0.1, help="Seconds between the dashboard's stats samples.")
     ] = 2.0,
+    max_queues: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Most queues (the first by name) sampled for the dashboard and given series "
+            "in /metrics (fairq_queues counts them all).",
+        ),
+    ] = 1000,
     log_level: Annotated[str, typer.Option("--log-level", help="Logging level.")] = "info",
     access_log: Annotated[bool, typer.Option(help="Log every request.")] = False,
     allowed_host: Annotated[
@@ -104,6 +114,7 @@ def serve(
         max_body=max_body,
         max_batch=max_batch,
         sample_interval=sample_interval,
+        max_queues=max_queues,
         log_level=log_level,
         access_log=access_log,
         allowed_hosts=(*parse_hosts(os.environ.get("FAIRQ_ALLOWED_HOSTS")), *(allowed_host or ())),

@@ -156,7 +156,7 @@ async def metrics(c: Call) -> Response:
     from .metrics import CONTENT_TYPE
 
     snapshot = await c.state.sampler.fresh()
-    readings = await c.state.metrics.read(c.broker, snapshot.stats)
+    readings = await c.state.metrics.read(c.broker, snapshot.stats, snapshot.total)
     return Response(c.state.metrics.render(readings), media_type=CONTENT_TYPE)
 
 

@@ -60,6 +60,7 @@ class Readings:
     """Stats read for one scrape."""
 
     queues: dict[str, QueueStats] = field(default_factory=dict)
+    queues_total: int = 0  # every queue; ``queues`` holds the first few by name
     topics: dict[str, TopicStats] = field(default_factory=dict)
     attention: dict[str, AttentionStats] = field(default_factory=dict)
     tenants: dict[str, list[TenantStats]] = field(default_factory=dict)
@@ -103,6 +104,15 @@ class StatsCollector(Collector):
                 counters[name].add_metric([queue], getattr(s, name))
         yield from gauges.values()
         yield from counters.values()
+        total = GaugeMetricFamily("fairq_queues", "Queues that exist")
+        total.add_metric([], r.queues_total)
+        read = GaugeMetricFamily(
+            "fairq_queues_read",
+            "Queues with series here (the first by name, up to the server's max_queues)",
+        )
+        read.add_metric([], len(r.queues))
+        yield total
+        yield read
 
         topic = {
             n: CounterMetricFamily(f"fairq_topic_{n}", text, labels=["topic"])
@@ -217,9 +227,12 @@ class Metrics:
         self.stats = StatsCollector()
         self.registry.register(self.stats)
 
-    async def read(self, broker: Broker, queues: dict[str, QueueStats]) -> Readings:
-        """Fresh readings of topics and attention domains beside ``queues``."""
-        r = Readings(queues=queues)
+    async def read(
+        self, broker: Broker, queues: dict[str, QueueStats], queues_total: int
+    ) -> Readings:
+        """Fresh readings of topics and attention domains beside ``queues`` (of
+        ``queues_total``)."""
+        r = Readings(queues=queues, queues_total=queues_total)
         for name in await broker.list_topics():
             try:
                 r.topics[name] = await broker.topic(name).stats()

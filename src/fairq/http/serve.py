@@ -40,6 +40,8 @@ class ServeOptions:
     max_batch: int = 100
     max_wait: float = 20.0
     sample_interval: float = 2.0
+    #: the most queues sampled for the dashboard and given series in /metrics
+    max_queues: int = 1000
     reconcile_interval: float = 30.0
     log_level: str = "info"
     access_log: bool = False
@@ -131,6 +133,7 @@ def serve(options: ServeOptions) -> None:
             max_batch=options.max_batch, max_wait=options.max_wait, max_body=options.max_body
         ),
         sample_interval=options.sample_interval,
+        max_sampled_queues=options.max_queues,
         workers=options.workers,
         reconcile_interval=options.reconcile_interval,
         allowed_hosts=options.allowed_hosts,
