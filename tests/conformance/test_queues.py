@@ -408,6 +408,16 @@ async def test_rule8_batch_larger_than_the_queue(broker: fairq.Broker) -> None:
 
 @pytest.mark.requires("overflow.block")
 async def test_rule8_block_waits_for_an_ack(live_broker: fairq.Broker) -> None:
+    await _blocked_send_wakes(live_broker, "ack")
+
+
+@pytest.mark.requires("overflow.block")
+async def test_rule8_block_waits_for_a_dead_letter(live_broker: fairq.Broker) -> None:
+    await _blocked_send_wakes(live_broker, "dead_letter")
+
+
+async def _blocked_send_wakes(live_broker: fairq.Broker, how: str) -> None:
+    """A send blocked by a full queue goes on as soon as ``how`` frees a place."""
     q = await live_broker.declare_queue("blocky", max_length=2, overflow="block")
     await q.send_batch([Outgoing(b"1"), Outgoing(b"2")])
     blocked = asyncio.create_task(q.send(b"3", timeout=10))
@@ -415,7 +425,7 @@ async def test_rule8_block_waits_for_an_ack(live_broker: fairq.Broker) -> None:
     assert not blocked.done()
     (m,) = await q.receive()
     started = time.monotonic()
-    await m.ack()
+    await (m.ack() if how == "ack" else m.dead_letter("cannot parse"))
     acked_at = time.monotonic()
     mid = await asyncio.wait_for(blocked, 5)
     woke_after = time.monotonic() - acked_at
@@ -423,8 +433,8 @@ async def test_rule8_block_waits_for_an_ack(live_broker: fairq.Broker) -> None:
     # bounded by "before any poll", not by a quiet machine (a loaded one took 0.75 s on
     # PostgreSQL once, the ack included)
     assert woke_after < 0.45, (
-        f"a blocked send should wake on the ack, took {woke_after:.3f} s "
-        f"(the ack itself took {acked_at - started:.3f} s)"
+        f"a blocked send should wake on the {how}, took {woke_after:.3f} s "
+        f"(the {how} itself took {acked_at - started:.3f} s)"
     )
     assert isinstance(mid, str)
     assert (await q.stats()).sent == 3

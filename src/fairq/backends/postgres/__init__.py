@@ -339,6 +339,7 @@ class PostgresBackend(Backend):
             await self._one(self.q.reject, (queue, self.now(), mid, lease, reason))
         except LeaseLost:
             raise LeaseLost([receipt]) from None
+        self._woke(queue)  # its room is free: a blocked sender goes on
 
     async def stats(self, queue: str) -> QueueStats:
         async def go(cur: Cursor) -> QueueStats:
