@@ -13,6 +13,7 @@ nothing is stored for it, and a slow listener loses the oldest messages past its
 from __future__ import annotations
 
 import asyncio
+import time
 import weakref
 from collections import deque
 from collections.abc import AsyncIterator, Hashable, Iterable, Mapping, Sequence
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from .errors import InvalidOption
 from .filters import compile_filter
-from .message import Outgoing, Received, check_name
+from .message import Outgoing, Received, check_name, id_time, parse_id
 from .model.topics import (
     PublishResult,
     Subscription,
@@ -183,13 +184,22 @@ class _Hub:
         if not listeners:
             return
         for env, message_id in items:
+            # as a subscription's copy reads: its one delivery, sent when the id says, the
+            # routing key among the attributes
+            try:
+                sent_at = id_time(parse_id(message_id))
+            except ValueError:  # an engine's own id (RabbitMQ's): the time it reached us
+                sent_at = time.time()
+            attrs = dict(env.attributes)
+            if env.routing_key:
+                attrs["fairq.routing_key"] = env.routing_key
             for listener in list(listeners):
                 message = Received(
                     message_id,
                     env.body,
-                    dict(env.attributes),
-                    0,
-                    0.0,
+                    dict(attrs),
+                    1,
+                    sent_at,
                     env.priority,
                     env.group,
                     "",

@@ -311,6 +311,18 @@ async def test_rule6_listen_with_routing_and_filter(broker: fairq.Broker) -> Non
         m = await listener.get(timeout=1)
         assert m is not None and m.body == b"yes"
         assert await listener.get(timeout=0.05) is None
+    # a listener's message reads as a subscription's copy of it does
+    copies = await t.subscribe("copies")
+    async with t.listen() as listener:
+        await t.publish(b"both", {"room": "1"}, routing_key="typing.stop")
+        heard = await listener.get(timeout=1)
+    (copy,) = await copies.receive()
+    assert heard is not None
+    assert (heard.attempt, heard.attributes) == (copy.attempt, copy.attributes) == (
+        1,
+        {"room": "1", "fairq.routing_key": "typing.stop"},
+    )
+    assert heard.enqueued_at == copy.enqueued_at
 
 
 async def test_rule6_slow_listener_loses_the_oldest(broker: fairq.Broker) -> None:
