@@ -318,9 +318,13 @@ async def test_rule6_listen_with_routing_and_filter(broker: fairq.Broker) -> Non
         heard = await listener.get(timeout=1)
     (copy,) = await copies.receive()
     assert heard is not None
-    assert (heard.attempt, heard.attributes) == (copy.attempt, copy.attributes) == (
-        1,
-        {"room": "1", "fairq.routing_key": "typing.stop"},
+    assert (
+        (heard.attempt, heard.attributes)
+        == (copy.attempt, copy.attributes)
+        == (
+            1,
+            {"room": "1", "fairq.routing_key": "typing.stop"},
+        )
     )
     assert heard.enqueued_at == copy.enqueued_at
 
