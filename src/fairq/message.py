@@ -59,11 +59,18 @@ def check_number(name: str, value: object, *, minimum: float = 0.0, strict: bool
     return float(value)
 
 
+def shown(value: object, limit: int = 60) -> str:
+    """``repr(value)``, cut to about ``limit`` characters: what an error may echo of a
+    client's input (a 5,000-character bad key is not sent back whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"
+
+
 def check_name(name: object, what: str = "queue") -> str:
     """Return ``name`` if it is a valid queue/topic/subscription/domain name, else raise."""
     if not isinstance(name, str) or _NAME.fullmatch(name) is None:
         raise InvalidName(
-            f"invalid {what} name {name!r}: use 1-200 characters from A-Z a-z 0-9 . _ : -"
+            f"invalid {what} name {shown(name)}: use 1-200 characters from A-Z a-z 0-9 . _ : -"
         )
     return name
 
@@ -71,7 +78,9 @@ def check_name(name: object, what: str = "queue") -> str:
 def check_key(key: object, what: str = "key") -> str:
     """Return ``key`` if it is a valid attention key or fan/event id, else raise."""
     if not isinstance(key, str) or _KEY.fullmatch(key) is None:
-        raise InvalidName(f"invalid {what} {key!r}: use 1-100 characters from A-Z a-z 0-9 _ . : -")
+        raise InvalidName(
+            f"invalid {what} {shown(key)}: use 1-100 characters from A-Z a-z 0-9 _ . : -"
+        )
     return key
 
 

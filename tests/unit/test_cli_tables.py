@@ -130,3 +130,15 @@ async def test_stats_of_no_queue_say_so() -> None:
 
     async with await fairq.connect("memory://") as broker:
         assert "no queues yet" in render(await stats_table(broker, width=200), 200)
+
+
+def test_an_error_echoes_at_most_a_little_of_a_long_bad_input() -> None:
+    import pytest
+
+    import fairq
+    from fairq.message import check_key, check_name
+
+    for check in (check_key, check_name):
+        with pytest.raises(fairq.InvalidName) as info:
+            check("x" * 5000)
+        assert len(str(info.value)) < 200 and "(5002 characters)" in str(info.value)

@@ -146,10 +146,11 @@ class RoomSecretMissing(Exception):
     no secret for it, or another one (a configuration problem, not bad input)."""
 
     def __init__(self, room: str, wrong: bool) -> None:
-        what = "another secret than the one" if wrong else "no secret; it"
+        what = "another secret than the room's" if wrong else "no secret for it"
         super().__init__(
             f"waiting room {room!r} was created with secret=, and this server has {what} "
-            "signs with: give the server the room's secret (fairq serve: "
+            "(its tokens are signed with that secret): give the server the room's secret "
+            "(fairq serve: "
             f"FAIRQ_ROOM_SECRETS='{room}=<secret>', or '*=<secret>' for every room; an app: "
             "rooms_routes(secrets={...}))"
         )
