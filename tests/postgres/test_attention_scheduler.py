@@ -146,7 +146,9 @@ async def test_a_version_7_schema_is_upgraded_with_its_attention_domains(url: st
             await c.execute(f"DROP FUNCTION {s}.{fn}")
         await c.execute(f"DELETE FROM {s}.migrations WHERE version >= 8")
         pending = await migrate.pending(c, _schema(url).strip('"'))
-        assert [m.version for m in pending] == [8, 9, 10]
+        # 8, 9, 10 again, and every later one (they replace functions: running them anew
+        # over the rebuilt tables is what an upgrade from version 7 does)
+        assert [m.version for m in pending] == list(range(8, len(migrate.migrations()) + 1))
     async with await fairq.connect(url) as broker:
         a = broker.attention("market")
         assert (await a.stats()).signals_pending == 2
