@@ -648,6 +648,8 @@ async def test_sold_out_answers_everyone(broker: fairq.Broker, clock: fairq.Manu
     assert again.state == "sold_out"
     s = await room.stats()
     assert s.sold_out and (s.joined, s.told_sold_out) == (100, 90)
+    assert s.waiting == 0  # those in line were told: nobody waits any more
+    assert type(s.token_ttl) is float and type(s.admit_rate) is float  # on every engine
     assert await room.sold_out() == 90  # once
     assert await room.admit(5) == 0
     assert await step(broker, "ev-88") == 0

@@ -132,8 +132,11 @@ def place_of(row: RoomRow, seq: int) -> int:
 
 
 def waiting(row: RoomRow) -> int:
-    """Fans in line not yet admitted (0 before the draw: they are in the pre-queue)."""
-    return 0 if row.drawn_at is None else row.joined - row.head
+    """Fans in line not yet admitted (0 before the draw: they are in the pre-queue; 0 once
+    the room sold out or closed: those still in line were told so, ``told_sold_out``)."""
+    if row.drawn_at is None or row.sold_out_at is not None or row.closed_at is not None:
+        return 0
+    return row.joined - row.head
 
 
 def _decayed(row: RoomRow, now: float) -> float:

@@ -87,7 +87,14 @@ class RoomConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> RoomConfig:
-        return cls(**{k: data[k] for k in ("admit_rate", "token_ttl", "opens_at", "max_active")})
+        # floats whatever the store wrote (Lua's cjson writes 2.0 as 2)
+        opens_at = data["opens_at"]
+        return cls(
+            float(data["admit_rate"]),
+            float(data["token_ttl"]),
+            None if opens_at is None else float(opens_at),
+            data["max_active"],
+        )
 
 
 #: the options ``Broker.waiting_room`` may set (those not given keep their stored value)

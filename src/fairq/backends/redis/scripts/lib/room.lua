@@ -102,7 +102,7 @@ local function room_place_of(r, seq, hint)
 end
 
 local function room_waiting(r)
-  if not r.drawn_at then return 0 end
+  if not r.drawn_at or r.sold_out_at or r.closed_at then return 0 end
   return r.joined - r.head
 end
 
