@@ -16,6 +16,7 @@ async def main(url: str) -> None:
     async with await fairq.connect(url) as broker:
         q = await broker.declare_queue("ticket-pdf", visibility_timeout=30, max_attempts=5)
         await q.purge()
+        before = await q.stats()  # counters add up over runs: this run's are the difference
         await q.send_batch(
             [
                 fairq.Outgoing({"order": "o-7731", "seats": ["B-12", "B-13"]}),
@@ -36,13 +37,19 @@ async def main(url: str) -> None:
             print(f"ticket {job['order']} done on attempt {msg.attempt}")
 
         run = asyncio.create_task(worker.run())
-        while (s := await q.stats()).acked + s.dead_lettered < 3:
+        def done(s: fairq.QueueStats) -> int:
+            return s.acked - before.acked + s.dead_lettered - before.dead_lettered
+
+        while done(await q.stats()) < 3:
             await asyncio.sleep(0.05)
         worker.stop()
         await run
 
         s = await q.stats()
-        print(f"acked={s.acked} nacked={s.nacked} dead_lettered={s.dead_lettered}")
+        print(
+            f"acked={s.acked - before.acked} nacked={s.nacked - before.nacked} "
+            f"dead_lettered={s.dead_lettered - before.dead_lettered}"
+        )
         for dead in await broker.queue("ticket-pdf.dlq").receive(max_messages=10):
             print("dead letter:", dead.json(), dead.attributes["fairq.reason"])
             await dead.ack()

@@ -48,6 +48,32 @@ def test_send_receive_stats_redrive(tmp_path: Path) -> None:
     assert wrong.returncode == 1 and "is it a dead-letter queue?" in wrong.stderr, wrong.stderr
 
 
+def test_ctrl_c_during_a_long_send_says_how_many_were_sent(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "send", "big", "x", "--count", "5000000"],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, COLUMNS="200", FAIRQ_URL=f"sqlite:///{tmp_path / 'cli.db'}"),
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as in a terminal
+    )
+    wal = tmp_path / "cli.db-wal"
+    deadline = time.monotonic() + 30
+    while not (wal.exists() and wal.stat().st_size > 1_000_000):  # sending for a while
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    said = re.search(r"interrupted: ([\d,]+) of 5,000,000 sent", err)
+    assert said, err
+    row = next(x for x in fairq("stats", "big", cwd=tmp_path).stdout.splitlines() if "│ big" in x)
+    stored = int(row.split("│")[2].replace(",", "").strip())
+    told = int(said.group(1).replace(",", ""))
+    assert told <= stored <= told + 100  # at most the batch under way besides
+
+
 def test_stats_fit_an_80_column_terminal(tmp_path: Path) -> None:
     fairq("send", "orders.billing", "x", "--count", "3", cwd=tmp_path)
     text = fairq("stats", cwd=tmp_path, columns=80).stdout
@@ -180,6 +206,7 @@ def test_worker_command_takes_url(tmp_path: Path) -> None:
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=20)
     assert proc.returncode == 0 and "done two" in out, err
+    assert f"worker running on {other}: queue jobs" in err  # it says it runs, and where
 
 
 def test_worker_url_cannot_replace_the_apps_own(tmp_path: Path) -> None:
@@ -197,6 +224,7 @@ def test_worker_command_rejects_a_bad_target(tmp_path: Path) -> None:
 
 
 def test_demo_makes_every_ticket(tmp_path: Path) -> None:
+    fairq("send", "ticket-pdf", "mine", cwd=tmp_path)  # the tour's queue: not the demo's
     start = time.monotonic()
     proc = fairq(
         "demo", "--jobs", "24", "--workers", "2", "--concurrency", "2", cwd=tmp_path, timeout=180
@@ -205,6 +233,7 @@ def test_demo_makes_every_ticket(tmp_path: Path) -> None:
     pdfs = sorted((tmp_path / "tickets").glob("*.pdf"))
     assert len(pdfs) == 24
     assert all(p.read_bytes().startswith(b"%PDF") for p in pdfs)
+    assert "mine" in fairq("receive", "ticket-pdf", "--peek", cwd=tmp_path).stdout
     assert time.monotonic() - start < 170
 
 

@@ -44,3 +44,14 @@ async def test_the_wal_starts_over_under_steady_load(
     # without the RESTART follow-up the WAL never starts over in this loop (one set of
     # salts) and grows by tens of megabytes
     assert len(salts) >= 3, f"the WAL started over {len(salts) - 1} times"
+
+
+async def test_a_missing_directory_names_the_four_slash_url_of_an_absolute_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """sqlite:///tmp/x.db is the relative path tmp/x.db: when only the absolute one could
+    exist, the error says how to write it."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(fairq.ConnectionError) as info:
+        await fairq.connect(f"sqlite://{tmp_path}/x.db")  # three slashes: relative
+    assert f"write sqlite:///{tmp_path}/x.db" in str(info.value)

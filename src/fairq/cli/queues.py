@@ -33,6 +33,7 @@ from .app import (
     _run,
     app,
     console,
+    err_console,
     fail,
 )
 from .tables import Col, fitted
@@ -86,16 +87,25 @@ def send(
             if count == 1:
                 console.print(await q.send(data, attrs, delay, priority, group, dedup_id))
                 return
-            with _progress() as progress:
-                task = progress.add_task(f"sending to {queue}", total=count)
-                left = count
-                while left:
-                    n = min(100, left)
-                    await q.send_batch(
-                        [Outgoing(data, attrs, delay, priority, group) for _ in range(n)]
-                    )
-                    left -= n
-                    progress.advance(task, n)
+            sent = 0
+            try:
+                with _progress() as progress:
+                    task = progress.add_task(f"sending to {queue}", total=count)
+                    while sent < count:
+                        n = min(100, count - sent)
+                        await q.send_batch(
+                            [Outgoing(data, attrs, delay, priority, group) for _ in range(n)]
+                        )
+                        sent += n
+                        progress.advance(task, n)
+            except asyncio.CancelledError:  # Ctrl-C: say what is known to be stored
+                err_console.print(
+                    f"interrupted: {sent:,} of {count:,} sent; the batch under way (up to "
+                    f"{min(100, count - sent)}) may be stored too — `fairq stats {queue}` "
+                    "counts them",
+                    soft_wrap=True,
+                )
+                raise
 
     _run(main)
 

@@ -14,7 +14,7 @@ simulated fans come for 3,000 seats:
   is made); the inventory reserves at most ``--inventory-rate`` holds per second (a token
   bucket: beyond that, calls queue and their latency shows in the health signal);
 * **hold expiry** — every hold sends a message with ``delay=--hold`` seconds to the queue
-  ``ev-88.hold-expiry``; a consumer returns the seats of holds not bought by then to stock
+  ``demo.ev-88.hold-expiry``; a consumer returns the seats of holds not bought by then to stock
   (the seed's hold expiry: a timer is another asynchronous job). Most fans buy within
   the hold; some are too slow, some walk away;
 * **sold out** — when the last seat is bought, ``room.sold_out()``: everyone still waiting
@@ -45,8 +45,10 @@ from ..waitingroom import AdaptiveRate, HealthMeter, WaitingRoom
 
 __all__ = ["FlashSaleResult", "SaleConfig", "run_flash_sale"]
 
-ROOM = "ev-88"
-EXPIRY_QUEUE = "ev-88.hold-expiry"
+# its own room and queue: the demo deletes and purges them, so never the user's own (the
+# tour's example room is "ev-88")
+ROOM = "demo.ev-88"
+EXPIRY_QUEUE = "demo.ev-88.hold-expiry"
 _REFRESH = (1.0, 5.0)  # the fans' refresh interval bounds (the page's are 2-30 s)
 _SERVICE_TIME = 0.002  # seconds one reservation takes inside the inventory
 

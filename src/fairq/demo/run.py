@@ -1,6 +1,6 @@
 """``fairq demo``: the seed's BoxOffice scenario on the embedded default.
 
-Sends N ``GenerateTicketPdf`` jobs to the queue ``ticket-pdf``, starts worker
+Sends N ``GenerateTicketPdf`` jobs to the queue ``demo.ticket-pdf``, starts worker
 processes (``fairq worker fairq.demo.worker:make_worker``) that share the SQLite file,
 shows progress while they render ``tickets/<order>.pdf``, and ends with a table. With
 ``--chaos`` one worker is killed with SIGKILL half-way and a new one started: its

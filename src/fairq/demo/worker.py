@@ -13,7 +13,9 @@ from ..errors import Reject
 from ..message import Received
 from ..worker import Worker
 
-QUEUE = "ticket-pdf"
+# its own queue: the demo purges and re-declares it, so never a queue of the user's own
+# (the README's tour calls its example queue "ticket-pdf")
+QUEUE = "demo.ticket-pdf"
 
 
 def make_worker() -> Worker:

@@ -179,6 +179,16 @@ class Runtime:
             await self._start_more()
             self._spawn(self._keep_leases(), "fairq-leases")
             self._started.set()
+            log.info(
+                "worker running on %s: %s, %d handlers at most at once; SIGTERM or Ctrl-C stops it",
+                self._broker.url,
+                ", ".join(
+                    [f"queue {name}" for name in self._consumers]
+                    + [f"attention {name}" for name in self._domains]
+                )
+                or "push subscriptions",
+                self.concurrency,
+            )
             await self._stopping.wait()
         finally:
             await self._shutdown()

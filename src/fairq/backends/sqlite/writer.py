@@ -172,11 +172,13 @@ class Writer:
             self.conn = await asyncio.to_thread(self._open_conn)
         except (sqlite3.Error, OSError, FairqError) as exc:
             where = Path(self.path)
-            hint = (
-                ""
-                if where.parent.exists()
-                else f" (directory {str(where.parent)!r} does not exist)"
-            )
+            hint = ""
+            if not where.parent.exists():
+                hint = f" (directory {str(where.parent)!r} does not exist"
+                if not where.is_absolute() and (Path("/") / where).parent.is_dir():
+                    # sqlite:///tmp/x.db is tmp/x.db here; the absolute path takes four
+                    hint += f"; for the absolute path /{self.path} write sqlite:////{self.path}"
+                hint += ")"
             raise ConnectionError(f"cannot open sqlite:///{self.path}{hint}: {exc}") from exc
         self.conn.execute("PRAGMA busy_timeout = 0")  # from now on: retried off the loop
         self.conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
