@@ -94,6 +94,25 @@ async def test_exception_nacks_with_backoff_then_dead_letters(
     assert "attempt 3, the last of max_attempts=3" in logged[2] and "retry in" not in logged[2]
 
 
+async def test_stats_count_only_acks_that_happened(
+    live_broker: fairq.Broker, q: fairq.Queue
+) -> None:
+    """A handler that settles its message itself leaves the worker's own ack nothing to
+    ack: the worker counts a lost lease, not an ack."""
+    await q.send_batch([fairq.Outgoing(str(i)) for i in range(4)])
+    worker = fairq.Worker(live_broker, concurrency=4, handle_signals=False, poll_wait=0.2)
+
+    @worker.queue("jobs")
+    async def handle(msg: fairq.Received) -> None:
+        if msg.body == b"0":
+            await msg.ack()
+
+    await run_until(worker, drained(q, 4))
+    assert (await q.stats()).acked == 4
+    assert (worker.stats.acked, worker.stats.lease_lost) == (3, 1)
+    assert worker.stats.per_queue == {"jobs": 3}
+
+
 async def test_reject_dead_letters_at_once(live_broker: fairq.Broker, q: fairq.Queue) -> None:
     await q.send(b"poison")
     calls = 0
@@ -268,8 +287,18 @@ def test_backoff_delays() -> None:
         assert all(top / 2 <= d <= top for d in delays), (attempt, min(delays), max(delays))
         assert len(set(delays)) > 100, "jitter spreads the retries"
     assert fairq.Backoff(base=2, cap=10, jitter=0).delay(2) == 4
+    for bad in ({"jitter": 2}, {"base": float("nan")}, {"cap": float("inf")}, {"base": -1}):
+        with pytest.raises(fairq.InvalidOption):
+            fairq.Backoff(**bad)
+
+
+@pytest.mark.parametrize(
+    "options", [{"poll_wait": 0}, {"poll_wait": -1}, {"poll_wait": float("nan")}, {"grace": -1}]
+)
+def test_a_worker_refuses_waits_it_could_spin_on(options: dict[str, float]) -> None:
+    # poll_wait 0 with an attention handler once spun the loop without yielding
     with pytest.raises(fairq.InvalidOption):
-        fairq.Backoff(jitter=2)
+        fairq.Worker("memory://", **options)  # type: ignore[arg-type]
 
 
 async def test_idle_queues_do_not_hold_slots(live_broker: fairq.Broker) -> None:

@@ -4,6 +4,7 @@ running messages, slices and queued acks that the runtime modules share."""
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,8 +40,17 @@ class Backoff:
     jitter: float = 0.5
 
     def __post_init__(self) -> None:
-        if self.base < 0 or self.cap < 0 or not 0 <= self.jitter <= 1:
-            raise InvalidOption("Backoff needs base >= 0, cap >= 0 and 0 <= jitter <= 1")
+        numbers = (self.base, self.cap, self.jitter)
+        if (
+            not all(isinstance(x, int | float) and math.isfinite(x) for x in numbers)
+            or self.base < 0
+            or self.cap < 0
+            or not 0 <= self.jitter <= 1
+        ):
+            raise InvalidOption(
+                "Backoff needs finite numbers: base >= 0, cap >= 0 and 0 <= jitter <= 1, got "
+                f"base={self.base!r}, cap={self.cap!r}, jitter={self.jitter!r}"
+            )
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait before delivery ``attempt + 1``."""

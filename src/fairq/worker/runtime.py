@@ -24,7 +24,7 @@ from typing import Any
 from ..broker import Broker, connect
 from ..errors import ConnectionError, InvalidOption, LeaseLost, Reject
 from ..idempotency import Claim, IdempotentBy, KeyFunction
-from ..message import Received, check_name
+from ..message import Received, check_name, check_number
 from .parts import (
     Backoff,
     Handler,
@@ -62,6 +62,9 @@ class Runtime:
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
+        # a long poll of 0 s never waits: an idle worker would spin without yielding
+        poll_wait = check_number("poll_wait", poll_wait, strict=True)
+        grace = check_number("grace", grace)
         self._broker = broker if isinstance(broker, Broker) else None
         self._url = broker if isinstance(broker, str) else None
         self._own_broker = broker is not None
@@ -397,6 +400,13 @@ class Runtime:
             self._ack_senders.add(task)
             task.add_done_callback(self._ack_senders.discard)
 
+    def _not_acked(self, msgs: list[Received]) -> None:
+        """Handled messages whose ack did not happen: ``acked`` counted them too early."""
+        stats = self.stats
+        for msg in msgs:
+            stats.acked -= 1
+            stats.per_queue[msg.queue] = stats.per_queue.get(msg.queue, 1) - 1
+
     async def _ack_batch(self, acks: _Acks) -> None:
         entries = acks.entries
         lost: set[str] = set()
@@ -410,6 +420,8 @@ class Runtime:
             log.log(
                 level, "could not ack %d message(s) on %s: %s", len(entries), acks.queue.name, exc
             )
+            self._not_acked([m for _, m in entries])
+        self._not_acked([m for _, m in entries if m.receipt in lost])
         for _, msg in entries:
             if msg.receipt in lost:
                 self.stats.lease_lost += 1
