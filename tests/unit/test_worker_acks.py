@@ -68,4 +68,4 @@ async def test_a_lost_lease_is_counted_per_message(tmp_path: Path) -> None:
         await task
         assert (await q.stats()).depth == 0
         assert worker.stats.lease_lost == 2
-        assert worker.stats.acked == 6
+        assert worker.stats.acked == 4  # the acks that happened: m1 and m4 were acked by hand
