@@ -57,6 +57,24 @@ DRIVER_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 _FRAME_OVERHEAD = 8  # frame type, channel, size and end octet around a frame's payload
+#: more than a content header's fixed fields, its other properties and the frame around it
+_HEADER_ROOM = 1024
+
+
+def _fits_surely(headers: dict[str, Any], frame_max: int) -> bool:
+    """Whether ``headers`` of str and int values fit in a frame whatever their encoding:
+    each entry at most its key and value in UTF-8 (4 bytes a character) and 9 bytes of
+    lengths and type; False means "encode it and see"."""
+    bound = _HEADER_ROOM
+    for key, value in headers.items():
+        if isinstance(value, str):
+            bound += 9 + 4 * (len(key) + len(value))
+        elif isinstance(value, int) and not isinstance(value, bool):
+            bound += 9 + 4 * len(key) + 8
+        else:
+            return False  # a table or list: only the encoder knows
+    return bound <= frame_max
+
 
 _OPTIONS = ("store", "prefetch", "management", "timeout", "name", "attention_queues")
 
@@ -252,6 +270,8 @@ class Link:
         frame_max = int(self._raw().connection_tune.frame_max or 0)
         if not frame_max:
             return  # no limit negotiated
+        if _fits_surely(properties.headers or {}, frame_max):
+            return  # the common case, without encoding the header on the send's path
         size = len(pamqp_header.ContentHeader(0, 0, properties).marshal()) + _FRAME_OVERHEAD
         if size > frame_max:
             raise InvalidMessage(
