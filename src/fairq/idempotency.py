@@ -52,6 +52,7 @@ from .model.idempotency import (
     check_version,
     decode_result,
     encode_result,
+    holder_token,
 )
 
 if TYPE_CHECKING:
@@ -278,7 +279,7 @@ class IdempotencyStore:
         if connection is not None:
             check_key(key, "idempotency key")
             _seconds("lease", lease)
-            token = secrets.token_hex(12) if holder is None else "holder:" + holder
+            token = secrets.token_hex(12) if holder is None else holder_token(holder)
             record = await self.backend.claim_in(
                 connection, self.namespace, key, token, self.ttl, None
             )
@@ -305,7 +306,7 @@ class IdempotencyStore:
         if holder is None:
             token = secrets.token_hex(12)
         elif isinstance(holder, str) and 0 < len(holder) <= 300:
-            token = "holder:" + holder  # never equal to a random token
+            token = holder_token(holder)  # never equal to a random token
         else:
             raise InvalidOption(f"holder must be a string of 1-300 characters, got {holder!r}")
         record = await self.backend.claim(self.namespace, key, token, seconds, fingerprint)

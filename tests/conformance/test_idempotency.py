@@ -252,6 +252,39 @@ async def test_a_holder_takes_its_own_running_claim_back(broker: fairq.Broker) -
     assert await store.claim("k", holder="jobs/101") is None, "completed is completed"
 
 
+async def test_a_holders_earlier_claim_is_over_once_it_takes_the_key_back(
+    broker: fairq.Broker,
+) -> None:
+    """The earlier attempt of a holder that took its key back cannot release, extend or
+    complete the new attempt's claim: a late release of the first would free the key for a
+    stranger while the second still runs."""
+    store = broker.idempotency("holders-late", ttl=100)
+    first = await store.claim("k", holder="jobs/7")
+    assert first is not None
+    second = await store.claim("k", holder="jobs/7")
+    assert second is not None and second.token != first.token
+    assert not await first.release(), "the earlier attempt released the new one's claim"
+    record = await store.get("k")
+    assert record is not None and record.state == "running"
+    assert await store.claim("k") is None, "a stranger took a key whose holder still runs"
+    late = await store.claim("k", holder="jobs/7")  # a third attempt of the same holder
+    assert late is not None
+    with pytest.raises(fairq.ClaimLost):
+        await second.extend()
+    with pytest.raises(fairq.ClaimLost):
+        await second.complete("late")
+    await late.complete("done")
+    record = await store.get("k")
+    assert record is not None and record.completed and record.result is not None
+
+
+async def test_holders_that_differ_only_in_length_are_strangers(broker: fairq.Broker) -> None:
+    store = broker.idempotency("holders-len", ttl=100)
+    assert await store.claim("k", holder="a/1") is not None
+    for other in ("a/10", "a/", "xa/1", "a/1 "):
+        assert await store.claim("k", holder=other) is None, other
+
+
 async def test_get_and_forget(broker: fairq.Broker) -> None:
     store = broker.idempotency("forget", ttl=100)
     assert await store.get("k") is None

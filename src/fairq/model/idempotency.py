@@ -4,6 +4,7 @@ the stored form of a claim's result, and the versions a version gate compares.""
 from __future__ import annotations
 
 import math
+import secrets
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -19,11 +20,38 @@ __all__ = [
     "check_version",
     "decode_result",
     "encode_result",
+    "holder_token",
+    "same_holder",
 ]
 
 
 #: seconds a claim lasts unless completed, released or extended
 DEFAULT_LEASE = 60.0
+
+
+# A claim's token. A claim without a holder has a random one (24 hex digits). A holder's
+# claim has "@" + 16 random hex digits + "@" + the holder: the random part tells this claim
+# from the same holder's earlier ones (whose late release or completion must then fail),
+# and the part from character 19 on (1-based, as SQL's substr and Lua's string.sub count)
+# says whose it is, so a holder's new claim takes back its own running one. Every engine
+# compares the holder part by that rule, inside its atomic claim.
+HOLDER_MARK = "@"
+HOLDER_AT = 18  # 0-based index of the holder part
+
+
+def holder_token(holder: str) -> str:
+    """A new claim token of ``holder``: unique to this claim, its tail naming the holder."""
+    return HOLDER_MARK + secrets.token_hex(8) + HOLDER_MARK + holder
+
+
+def same_holder(stored: str, token: str) -> bool:
+    """True if both tokens are holder tokens of one holder (a holder's claim may take its
+    own running claim back)."""
+    return (
+        stored[:1] == HOLDER_MARK
+        and token[:1] == HOLDER_MARK
+        and stored[HOLDER_AT:] == token[HOLDER_AT:]
+    )
 
 
 #: a version as the backends store it: an integer (version, revision, sequence number) or

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...clock import Clock
-from ...model.idempotency import IdempotencyRecord, Version
+from ...model.idempotency import IdempotencyRecord, Version, same_holder
 from .queues import MemoryQueues
 
 __all__ = ["MemoryIdempotency"]
@@ -63,7 +63,7 @@ class MemoryIdempotency(MemoryQueues):
     ) -> IdempotencyRecord | None:
         now = self.clock.now()
         rec = self._live(namespace, key, now)
-        if rec is not None and not (rec.state == RUNNING and rec.token == token):
+        if rec is not None and not (rec.state == RUNNING and same_holder(rec.token, token)):
             return self._public(key, rec)
         self._claims[namespace, key] = _Record(token, RUNNING, now + lease, fingerprint, None)
         return None

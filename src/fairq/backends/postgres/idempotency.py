@@ -54,7 +54,9 @@ async def claim(
         "expires_at) VALUES (%s, %s, %s, 0, %s, NULL, %s) "
         "ON CONFLICT (namespace, key) DO UPDATE SET token = excluded.token, state = 0, "
         "fingerprint = excluded.fingerprint, result = NULL, expires_at = excluded.expires_at "
-        "WHERE i.expires_at <= %s OR (i.state = 0 AND i.token = excluded.token)",
+        "WHERE i.expires_at <= %s OR (i.state = 0 AND substr(i.token, 1, 1) = '@' "
+        "AND substr(excluded.token, 1, 1) = '@' "
+        "AND substr(i.token, 19) = substr(excluded.token, 19))",  # model.idempotency.same_holder
         (namespace, key, token, fingerprint, now + lease, now),
     )
     if cur.rowcount == 1:

@@ -22,8 +22,10 @@ _CLAIM = (
     "ON CONFLICT (namespace, key) DO UPDATE SET token = excluded.token, state = 0, "
     "fingerprint = excluded.fingerprint, result = NULL, expires_at = excluded.expires_at "
     "WHERE fairq_idempotency.expires_at <= ? "
-    "OR (fairq_idempotency.state = 0 AND fairq_idempotency.token = excluded.token)"
-)
+    "OR (fairq_idempotency.state = 0 AND substr(fairq_idempotency.token, 1, 1) = '@' "
+    "AND substr(excluded.token, 1, 1) = '@' "
+    "AND substr(fairq_idempotency.token, 19) = substr(excluded.token, 19))"
+)  # the same holder's running claim (model.idempotency.same_holder)
 _RECORD = (
     "SELECT state, expires_at, fingerprint, result FROM fairq_idempotency "
     "WHERE namespace = ? AND key = ? AND expires_at > ?"
