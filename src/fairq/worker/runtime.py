@@ -464,30 +464,17 @@ class Runtime:
             await self._settle(msg.dead_letter(rej.reason), msg)
             return False
         except asyncio.CancelledError:
-            await asyncio.shield(self._end_claim(claim, done=False))
-            raise
+            me = asyncio.current_task()
+            if me is None or me.cancelling():
+                await asyncio.shield(self._end_claim(claim, done=False))
+                raise
+            # the handler's own CancelledError (a task or timeout of its own that it let
+            # out), not this worker's cancellation: a failure like any other, retried now
+            # rather than left to wait for the end of its lease
+            await self._failed(c, msg, claim)
+            return False
         except Exception:
-            self.stats.failed += 1
-            delay = c.retry.delay(msg.attempt, self._rng)
-            if c.max_attempts is not None and msg.attempt >= c.max_attempts:
-                log.exception(
-                    "handler of %s failed on message %s (attempt %d, the last of "
-                    "max_attempts=%d); it is dead-lettered, not retried",
-                    c.name,
-                    msg.id,
-                    msg.attempt,
-                    c.max_attempts,
-                )
-            else:
-                log.exception(
-                    "handler of %s failed on message %s (attempt %d); retry in %.1f s",
-                    c.name,
-                    msg.id,
-                    msg.attempt,
-                    delay,
-                )
-            await self._end_claim(claim, done=False)  # before the nack: the retry may run
-            await self._settle(msg.nack(delay), msg)
+            await self._failed(c, msg, claim)
             return False
         stats = self.stats
         stats.acked += 1
@@ -495,6 +482,31 @@ class Runtime:
         if claim is not None:  # before the ack: a crash between the two leaves a duplicate,
             await self._end_claim(claim, done=True)  # not a rerun
         return True
+
+    async def _failed(self, c: _Consumer, msg: Received, claim: Claim | None) -> None:
+        """Settle a handler's failure (called inside its ``except``, for the traceback):
+        nack with the consumer's backoff, or dead-letter past ``max_attempts``."""
+        self.stats.failed += 1
+        delay = c.retry.delay(msg.attempt, self._rng)
+        if c.max_attempts is not None and msg.attempt >= c.max_attempts:
+            log.exception(
+                "handler of %s failed on message %s (attempt %d, the last of "
+                "max_attempts=%d); it is dead-lettered, not retried",
+                c.name,
+                msg.id,
+                msg.attempt,
+                c.max_attempts,
+            )
+        else:
+            log.exception(
+                "handler of %s failed on message %s (attempt %d); retry in %.1f s",
+                c.name,
+                msg.id,
+                msg.attempt,
+                delay,
+            )
+        await self._end_claim(claim, done=False)  # before the nack: the retry may run
+        await self._settle(msg.nack(delay), msg)
 
     async def _give_back(self, msgs: list[Received]) -> None:
         """Release messages a slice leased but will not start (not counted as attempts)."""
