@@ -67,6 +67,17 @@ def test_serve_refuses_an_open_non_loopback_address(tmp_path: Path) -> None:
     assert out.returncode == 2 and "16-256 characters" in " ".join(out.stderr.split())
 
 
+def test_a_second_serve_on_a_busy_port_says_so_before_any_banner(tmp_path: Path) -> None:
+    with fairq_serve(tmp_path) as (url, _):
+        port = url.rsplit(":", 1)[1]
+        out = fairq("serve", "--port", port, cwd=tmp_path)
+        assert out.returncode == 1
+        assert out.stdout == "", "no banner for a server that cannot listen"
+        assert f"127.0.0.1:{port} is in use" in " ".join(out.stderr.split())
+        assert "Traceback" not in out.stderr
+        assert httpx.get(f"{url}/v1/queues").status_code == 200, "the first one still serves"
+
+
 def test_serve_with_keys(tmp_path: Path) -> None:
     with fairq_serve(tmp_path, env={"FAIRQ_API_KEYS": f"{ADMIN}:admin"}) as (url, _):
         assert httpx.get(f"{url}/v1/queues").status_code == 401

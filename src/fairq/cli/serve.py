@@ -101,7 +101,7 @@ def serve(
     without keys the server listens on loopback only.
     """
     try:
-        from ..http.serve import ServeOptions, parse_hosts, prepare
+        from ..http.serve import ServeOptions, listen, parse_hosts, prepare
         from ..http.serve import serve as run_server
     except ImportError as exc:  # depends on the install
         fail(f"fairq serve needs: pip install 'fairq[server]' ({exc})", 2)
@@ -129,6 +129,11 @@ def serve(
     except FairqError as exc:
         err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
         raise typer.Exit(2) from None
+    try:
+        sock = listen(host, port)  # before the banner: a port in use is one line
+    except FairqError as exc:
+        err_console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+        raise typer.Exit(1) from None
     from ..broker import DEFAULT_URL, mask_url
 
     shown = f"[{host}]" if ":" in host else host
@@ -139,4 +144,4 @@ def serve(
         + ("API keys on" if keys.enabled else "no API keys (loopback only)")
         + (" · push deliveries, reconcilers and admitters on" if workers else "")
     )
-    run_server(options)
+    run_server(options, sock)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import errno
 import logging
 import re
+import socket
 from dataclasses import dataclass
 
 from ..errors import InvalidOption
@@ -22,7 +24,7 @@ from .auth import KeyRing, check_bind
 from .session import SESSION_TTL, Sessions
 from .waiting import MAX_WAITING, WaitSlots
 
-__all__ = ["ServeOptions", "parse_hosts", "parse_room_secrets", "serve"]
+__all__ = ["ServeOptions", "listen", "parse_hosts", "parse_room_secrets", "serve"]
 
 log = logging.getLogger("fairq.http")
 
@@ -119,13 +121,43 @@ def prepare(options: ServeOptions) -> KeyRing:
     return keys
 
 
-def serve(options: ServeOptions) -> None:
-    """Serve until SIGINT/SIGTERM."""
+def listen(host: str, port: int) -> socket.socket:
+    """The server's bound socket, made before anything is printed, so a port in use (a
+    second ``fairq serve``) is one clear ``InvalidOption`` and not a banner followed by
+    uvicorn's exit."""
+    try:
+        infos = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE | socket.AI_NUMERICSERV
+        )
+    except socket.gaierror as exc:
+        raise InvalidOption(f"cannot listen on {host!r}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        shown = f"[{host}]" if ":" in host else host
+        if exc.errno == errno.EADDRINUSE:
+            raise InvalidOption(
+                f"{shown}:{port} is in use (another fairq serve?); choose a port with --port"
+            ) from None
+        raise InvalidOption(f"cannot listen on {shown}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(options: ServeOptions, sock: socket.socket | None = None) -> None:
+    """Serve until SIGINT/SIGTERM, on ``sock`` (from :func:`listen`) or on a socket bound
+    here to ``options.host`` and ``options.port``."""
     import uvicorn
 
     from .app import create_app
 
     keys = prepare(options)
+    if sock is None:
+        sock = listen(options.host, options.port)
     app = create_app(
         url=options.url,
         keys=keys,
@@ -152,4 +184,5 @@ def serve(options: ServeOptions) -> None:
         server_header=False,
         forwarded_allow_ips=options.forwarded_allow_ips,
     )
-    uvicorn.Server(config).run()
+    with sock:
+        uvicorn.Server(config).run(sockets=[sock])
