@@ -115,3 +115,78 @@ async def test_push_subscription_needs_a_url(broker: fairq.Broker) -> None:
         with pytest.raises(fairq.InvalidOption, match="push must be"):
             await t.subscribe("s", push=bad)
     assert await t.subscriptions() == []
+
+
+class Hooks:
+    """Three endpoints that record the message numbers they were sent."""
+
+    def __init__(self) -> None:
+        self.got: dict[str, list[int]] = {"a": [], "b": [], "c": []}
+
+    async def __call__(self, request: Request) -> Response:
+        self.got[request.path_params["name"]].append(json.loads(await request.body())["n"])
+        return Response(status_code=204)
+
+
+async def _until(check: object, what: str, limit: float = 10.0) -> None:
+    assert callable(check)
+    for _ in range(int(limit / 0.05)):
+        if check():
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(what)
+
+
+async def test_removed_and_changed_push_subscriptions_leave_the_worker_running(
+    live_broker: fairq.Broker,
+) -> None:
+    """Removing a push subscription stops its deliveries, not the worker (its other push
+    subscriptions and queues go on); a changed URL is followed and a subscription that no
+    longer pushes is left to its pullers, both within a rescan."""
+    hooks = Hooks()
+    app = Starlette(routes=[Route("/{name}", hooks.__call__, methods=["POST"])])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="error"))
+    serving = asyncio.create_task(server.serve())
+    while not server.started:  # noqa: ASYNC110 - uvicorn offers no event to wait on
+        await asyncio.sleep(0.01)
+    base = f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    t = await live_broker.declare_topic("hooks")
+    await t.subscribe("one", push=f"{base}/a")
+    two = await t.subscribe("two", push=f"{base}/b")
+    jobs = await live_broker.declare_queue("push-jobs")
+    handled: list[str] = []
+    worker = fairq.Worker(live_broker, handle_signals=False, poll_wait=0.2)
+    worker.push(rescan=0.2)
+
+    @worker.queue("push-jobs")
+    async def job(msg: fairq.Received) -> None:
+        handled.append(msg.body.decode())
+
+    run = asyncio.create_task(worker.run())
+    try:
+        await t.publish({"n": 1})
+        await _until(lambda: hooks.got["a"] == [1] and hooks.got["b"] == [1], "first delivery")
+        await t.unsubscribe("one")
+        await t.publish({"n": 2})
+        await _until(lambda: hooks.got["b"] == [1, 2], "the other subscription goes on")
+        await jobs.send("after")
+        await _until(lambda: handled == ["after"], "the worker's queues go on")
+        assert not run.done(), "removing a push subscription stopped the worker"
+        await t.subscribe("two", push=f"{base}/c")
+        await asyncio.sleep(0.6)  # a rescan
+        await t.publish({"n": 3})
+        await _until(lambda: hooks.got["c"] == [3], "the changed URL is followed")
+        assert hooks.got["b"] == [1, 2]
+        await t.subscribe("two")  # a pull subscription now
+        await asyncio.sleep(0.6)
+        await t.publish({"n": 4})
+        await asyncio.sleep(0.6)
+        assert hooks.got["c"] == [3], "a subscription that no longer pushes was posted"
+        (left,) = await two.receive(wait=2)
+        assert left.json() == {"n": 4}
+        assert hooks.got["a"] == [1]
+    finally:
+        worker.stop()
+        await asyncio.wait_for(run, 10)
+        server.should_exit = True
+        await serving

@@ -92,6 +92,7 @@ class _Consumer:
     reconcile_interval: float = 30.0
     handle_time: float | None = None  # mean seconds per handler call (attention slices)
     runners: Runners[_Running] | None = None  # the tasks its received messages run in
+    retired: bool = False  # stop receiving (a push subscription that is gone or changed)
 
 
 @dataclass(slots=True, eq=False)

@@ -1,13 +1,17 @@
 """Push subscriptions in the worker: every push subscription's queue gets a consumer whose
-handler POSTs each message (:mod:`fairq.push`); new ones are picked up on a rescan."""
+handler POSTs each message (:mod:`fairq.push`). A rescan picks up new ones, follows a
+changed URL, and stops the consumer of one that was removed or no longer pushes; a
+subscription deleted under its consumer stops that consumer alone, never the worker."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 
-from ..errors import FairqError, InvalidOption
+from ..errors import FairqError, InvalidOption, QueueNotFound, TopicNotFound
+from ..model.topics import Subscription
 from .parts import Backoff, _Consumer, _PushSettings
+from .runners import Runners
 from .slices import SliceRuntime
 
 log = logging.getLogger("fairq.worker")
@@ -63,16 +67,56 @@ class PushRuntime(SliceRuntime):
             self._http = httpx.AsyncClient()
         broker = self._broker
         topics = settings.topics if settings.topics is not None else await broker.list_topics()
+        pushing: dict[str, tuple[str, Subscription]] = {}
         for topic in topics:
-            for sub in await broker.topic(topic).subscriptions():
-                if sub.push is None or sub.queue in self._consumers:
-                    continue
-                handler = push_handler(sub, self._http, settings.timeout)
-                c = _Consumer(sub.queue, handler, settings.concurrency, settings.retry, None, True)
-                self._consumers[sub.queue] = c
-                await self._attach(c)
-                self._start(c)
-                log.info("delivering push subscription %s.%s to %s", topic, sub.name, sub.push)
+            try:
+                subs = await broker.topic(topic).subscriptions()
+            except TopicNotFound:  # deleted meanwhile (or not made yet): none of its own
+                continue
+            for sub in subs:
+                if sub.push is not None:
+                    pushing[sub.queue] = (topic, sub)
+        urls = self._push_urls
+        for name, url in list(urls.items()):
+            c = self._consumers.get(name)
+            got = pushing.get(name)
+            if got is None or c is None:
+                self._retire_push(name, "was removed or no longer pushes")
+            elif got[1].push != url:
+                topic, sub = got
+                c.handler = push_handler(sub, self._http, settings.timeout)
+                urls[name] = sub.push or ""
+                log.info("push subscription %s.%s now delivers to %s", topic, sub.name, sub.push)
+        for name, (topic, sub) in pushing.items():
+            if name in self._consumers:
+                continue
+            handler = push_handler(sub, self._http, settings.timeout)
+            c = _Consumer(name, handler, settings.concurrency, settings.retry, None, True)
+            self._consumers[name] = c
+            await self._attach(c)
+            urls[name] = sub.push or ""
+            assert self._stopping is not None
+            c.runners = Runners(c.name, c.concurrency, self._handle, self._stopping)
+            self._spawn(self._consume_push(c), f"fairq-push:{name}")
+            log.info("delivering push subscription %s.%s to %s", topic, sub.name, sub.push)
+
+    async def _consume_push(self, c: _Consumer) -> None:
+        """A push subscription's consumer: its queue deleted (the subscription removed, its
+        topic deleted) ends this consumer, not the worker."""
+        try:
+            await self._consume(c)
+        except (QueueNotFound, TopicNotFound):
+            if self._consumers.get(c.name) is c:
+                self._retire_push(c.name, "was deleted")
+
+    def _retire_push(self, name: str, why: str) -> None:
+        """Stop receiving for the push subscription queue ``name`` (what was received is
+        still delivered or, at shutdown, comes back when its lease ends)."""
+        self._push_urls.pop(name, None)
+        c = self._consumers.pop(name, None)
+        if c is not None:
+            c.retired = True
+            log.info("push subscription queue %s %s: its deliveries stop", name, why)
 
     async def _rescan_push(self) -> None:
         assert self._push is not None

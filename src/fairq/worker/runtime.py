@@ -92,6 +92,7 @@ class Runtime:
         self._slices: dict[str, _SliceRun] = {}
         self._busy_runners: set[asyncio.Task[Any]] = set()
         self._http: Any = None  # httpx.AsyncClient of push deliveries
+        self._push_urls: dict[str, str] = {}  # push subscription queue -> the URL it posts to
         self._signal_task: asyncio.Future[None] | None = None
 
     def takes_url_from_environment(self) -> bool:
@@ -318,7 +319,7 @@ class Runtime:
         q = c.queue
         runners = c.runners
         wakeups = q._backend.wakeups
-        while not self._stopping.is_set():
+        while not self._stopping.is_set() and not c.retired:
             token = wakeups.token(q.name)  # before the try: a send in between wakes us
             n = await self._take_slots(c)
             if n == 0:
