@@ -123,6 +123,33 @@ def test_subscribe_updates_only_what_it_is_given(tmp_path: Path) -> None:
     assert "→ sms" in out
 
 
+def test_subscribe_keeps_the_queue_options_of_the_subscription_it_updates(
+    tmp_path: Path,
+) -> None:
+    import asyncio
+
+    import fairq as fq
+
+    url = f"sqlite:///{tmp_path / 'cli.db'}"
+
+    async def make() -> None:
+        async with await fq.connect(url) as broker:
+            t = await broker.declare_topic("events")
+            await t.subscribe("sms", max_attempts=9, visibility_timeout=77, dead_letter="held")
+
+    async def config() -> fq.QueueConfig:
+        async with await fq.connect(url) as broker:
+            return await broker.queue("events.sms").config()
+
+    asyncio.run(make())
+    fairq("subscribe", "events", "sms", "--routing", "", cwd=tmp_path)  # only the empty key
+    got = asyncio.run(config())
+    assert (got.max_attempts, got.visibility_timeout, got.dead_letter) == (9, 77.0, "held")
+    text = fairq("topics", cwd=tmp_path, columns=200).stdout
+    line = next(x for x in text.splitlines() if "│ sms " in x)
+    assert [c.strip() for c in line.strip("│").split("│")][4] == '""', "not # (everything)"
+
+
 @pytest.mark.parametrize(
     "args",
     [

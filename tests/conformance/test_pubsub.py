@@ -427,3 +427,16 @@ async def test_delayed_publish_on_the_real_clock(live_broker: fairq.Broker) -> N
         (m,) = early if q is a and early else await q.receive(wait=5)
         assert m.body == b"x" and m.attributes["fairq.routing_key"] == "keep.1"
     assert time.monotonic() - started >= 0.95
+
+
+async def test_a_filter_dict_changed_after_subscribe_does_not_change_the_subscription(
+    broker: fairq.Broker,
+) -> None:
+    t = await broker.declare_topic("copied-filter")
+    policy: dict[str, object] = {"channel": ["sms"]}
+    await t.subscribe("sms", filter=policy)
+    policy["channel"] = ["email"]
+    got = await t.publish({"x": 1}, {"channel": "sms"})
+    assert got.subscriptions == ["sms"]
+    (sub,) = await t.subscriptions()
+    assert sub.filter == {"channel": ["sms"]}

@@ -86,6 +86,7 @@ def subscribe(
 ) -> None:
     """Create (or update) a subscription of a topic. Updating, an option left out keeps the
     subscription's current value; --filter "" and --push "" remove them."""
+    import dataclasses
     import json
 
     try:
@@ -105,6 +106,9 @@ def subscribe(
                     for option, value in given.items():
                         if value is None:
                             chosen[option] = getattr(sub, option)
+                    # and so do its queue's options (a subscribe states them all)
+                    config = await broker.queue(sub.queue).config()
+                    chosen.update(dataclasses.asdict(config))
             q = await t.subscribe(name, **chosen)
             console.print(f"subscription {name} of {topic} → queue [cyan]{q.name}[/cyan]")
 
@@ -145,7 +149,7 @@ async def topics_table(broker: Broker, width: int | None = None) -> Table:
                     str(s.published) if i == 0 else "",
                     str(s.unmatched) if i == 0 else "",
                     sub.name,
-                    sub.routing or "#",
+                    "#" if sub.routing is None else (sub.routing or '""'),
                     "" if sub.filter is None else json_compact(sub.filter),
                     sub.push or "",
                     str(qs.visible),

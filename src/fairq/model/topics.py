@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -123,4 +124,5 @@ def check_subscription(topic: str, name: str, filter: Any, routing: Any, push: A
             f"characters, got {push!r}"
         )
     queue = check_name(f"{topic}.{name}", "subscription queue")
-    return Subscription(topic, name, queue, filter, routing, push)
+    # a copy: the caller's dict changed later must not change the subscription
+    return Subscription(topic, name, queue, copy.deepcopy(filter), routing, push)
