@@ -440,3 +440,28 @@ async def test_a_filter_dict_changed_after_subscribe_does_not_change_the_subscri
     assert got.subscriptions == ["sms"]
     (sub,) = await t.subscriptions()
     assert sub.filter == {"channel": ["sms"]}
+
+
+async def test_rule2_a_subscription_made_by_another_broker_gets_the_next_publish(
+    live_broker: fairq.Broker, url: str, backend_name: str
+) -> None:
+    """SPEC §4 rule 2 across brokers (processes): a publisher that has published to the
+    topic before reaches a subscription made elsewhere as soon as its subscribe returned,
+    and stops naming one removed elsewhere."""
+    other = live_broker if backend_name == "memory" else await fairq.connect(url)
+    try:
+        t = await live_broker.declare_topic("seen-elsewhere")
+        await t.subscribe("first")
+        assert (await t.publish("warm")).subscriptions == ["first"]  # the publisher's view
+        elsewhere = other.topic("seen-elsewhere")
+        late = await elsewhere.subscribe("late")
+        assert sorted((await t.publish("next")).subscriptions) == ["first", "late"]
+        (got,) = await late.receive(wait=2)
+        assert got.body == b"next"
+        await elsewhere.unsubscribe("late")
+        assert (await t.publish("after")).subscriptions == ["first"]
+        await other.delete_queue("seen-elsewhere.first")
+        assert (await t.publish("none")).subscriptions == []
+    finally:
+        if other is not live_broker:
+            await other.close()

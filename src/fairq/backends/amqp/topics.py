@@ -9,11 +9,16 @@ exchange, the first queue as routing key, the others in the ``BCC`` header: Rabb
 sender-selected distribution), so all copies are routed at once, one confirm covers them,
 and a filtered subscription gets only what matches — nothing is filtered after the fact.
 A delayed publish sends one copy per matching queue through the delay wheel.
+
+Every broker caches each topic's configuration and subscriptions, and checks one number in
+the store before each publish: the version that every change of a topic or subscription
+(declare, subscribe, unsubscribe, a deleted queue or topic) raises before it returns. So a
+subscription made by any process gets every message published after its ``subscribe``
+returned (SPEC §4 rule 2), at the cost of one store read a publish.
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import orjson
@@ -29,7 +34,8 @@ from .queues import AmqpQueues
 
 __all__ = ["AmqpTopics"]
 
-_SUBS_TTL = 2.0  # seconds a topic's subscriptions are cached for publishing
+#: the store's counters scope holding the version of every topic's subscriptions
+_VERSION_SCOPE = "fairq.topics"
 
 
 class AmqpTopics(AmqpQueues):
@@ -37,25 +43,30 @@ class AmqpTopics(AmqpQueues):
 
     def __init__(self, *args: Any) -> None:
         super().__init__(*args)
-        self._topics: dict[
-            str, tuple[TopicConfig, dict[str, Subscription], SubscriptionIndex, float]
-        ] = {}
+        self._topics: dict[str, tuple[TopicConfig, dict[str, Subscription], SubscriptionIndex]]
+        self._topics = {}
+        self._version = -1  # of the cached topics (the store's version when they were read)
 
-    def _forget_topic(self, topic: str) -> None:
-        self._topics.pop(topic, None)
+    async def _changed(self) -> None:
+        """A topic or subscription changed: every broker's cache is stale from now on."""
+        await self.store.add_counts(_VERSION_SCOPE, {"version": 1})
+        self._topics.clear()
 
     async def _topic(
         self, topic: str
     ) -> tuple[TopicConfig, dict[str, Subscription], SubscriptionIndex]:
         self._check_open()
+        version = (await self.store.read_counts(_VERSION_SCOPE)).get("version", 0)
+        if version != self._version:
+            self._topics.clear()
+            self._version = version
         hit = self._topics.get(topic)
-        now = time.monotonic()
-        if hit is not None and now - hit[3] < _SUBS_TTL:
-            return hit[0], hit[1], hit[2]
+        if hit is not None:
+            return hit
         config = await self.store.topic_config(topic)  # TopicNotFound
         subs = {s.name: s for s in await self.store.subscriptions(topic)}
         index = SubscriptionIndex(subs.values())
-        self._topics[topic] = (config, subs, index, now)
+        self._topics[topic] = (config, subs, index)
         return config, subs, index
 
     async def declare_topic(self, name: str, config: TopicConfig) -> None:
@@ -64,7 +75,7 @@ class AmqpTopics(AmqpQueues):
         with driver_errors(f"declaring topic {name!r}", self.url.masked):
             await admin.exchange_declare(name, exchange_type="topic", durable=True)
         await self.store.declare_topic(name, config)
-        self._forget_topic(name)
+        await self._changed()
 
     async def topic_config(self, name: str) -> TopicConfig:
         return (await self._topic(name))[0]
@@ -82,7 +93,13 @@ class AmqpTopics(AmqpQueues):
         with driver_errors(f"deleting topic {name!r}", self.url.masked):
             await admin.exchange_delete(name)
         await self.store.drop_counts(f"topic:{name}")
-        self._forget_topic(name)
+        await self._changed()
+        return existed
+
+    async def delete_queue(self, name: str) -> bool:
+        existed = await super().delete_queue(name)
+        if existed:  # it may have been a subscription's, which the store dropped with it
+            await self._changed()
         return existed
 
     async def list_topics(self, prefix: str = "") -> list[str]:
@@ -113,7 +130,7 @@ class AmqpTopics(AmqpQueues):
                 await admin.queue_bind(subscription.queue, topic, routing_key=pattern)
         await self.store.subscribe(subscription, config)
         self._declared(subscription.queue, config)
-        self._forget_topic(topic)
+        await self._changed()
 
     async def unsubscribe(self, topic: str, name: str) -> bool:
         await self._topic(topic)
@@ -122,8 +139,8 @@ class AmqpTopics(AmqpQueues):
         if sub is None:
             return False
         await self.store.unsubscribe(topic, name)
+        await self._changed()  # before the queue goes: publishers stop naming it
         await self.delete_queue(sub.queue)
-        self._forget_topic(topic)
         return True
 
     async def subscriptions(self, topic: str) -> list[Subscription]:
