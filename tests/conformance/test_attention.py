@@ -215,12 +215,20 @@ async def test_rule3a_paused_keys_are_parked_and_resumed(broker: fairq.Broker) -
     assert await a._take(0) is None
     st = await a.stats()
     assert (st.parked, st.signals_pending) == (1, 0)
-    await a.publish("p", b"2")  # still parked when its signal comes up
+    for i in range(2, 12):  # parked: these publishes add no signal (the resume does)
+        await a.publish("p", str(i).encode())
+    st = await a.stats()
+    assert (st.parked, st.signals_pending) == (1, 0)
     assert await a._take(0) is None
     await a.set_resource("p", state="active")
     s = await a._take(0)
     assert s is not None and s.key == "p"
-    assert await run_slice(a, s) == [b"1", b"2"]
+    got = await run_slice(a, s)
+    assert got == [b"1", b"2"], "max_messages 2"
+    while (s := await a._take(0)) is not None:
+        got += await run_slice(a, s)
+    assert got == [str(i).encode() for i in range(1, 12)]
+    assert (await a.stats()).parked == 1
 
 
 async def test_rule3b_blocked_when_no_token_is_free(broker: fairq.Broker) -> None:

@@ -155,6 +155,12 @@ def resignal_allowed(plan: Plan, active: int, pending: int) -> bool:
     return pending + active < plan.max_concurrency
 
 
+def publish_signals(state: str, parked: bool) -> bool:
+    """SPEC §5 rule 3 (a): a key parked by a signal that found it paused or in maintenance
+    is signalled again when it becomes active (``set_resource``), not by each publish."""
+    return not (parked and state in PARKING_STATES)
+
+
 def refill(tokens: float, at: float, now: float, plan: Plan) -> float:
     """The bucket level at ``now``, given ``tokens`` at time ``at`` (inf without a rate)."""
     if plan.rate is None:

@@ -42,6 +42,7 @@ from ..attention_policy import (
     on_signal,
     on_slice_end,
     on_take,
+    publish_signals,
     refill,
     resignal_allowed,
     slice_cost,
@@ -320,7 +321,9 @@ class MemoryAttention(MemoryQueues):
         ids = self._apply_send(q, plan, victims, now)
         self._note_backlog(d, k, len(q.msgs), now)
         p = self._plan(d, k)
-        if k.pending == 0 and resignal_allowed(p, k.active, k.pending):
+        if k.pending == 0 and not publish_signals(k.state, k.parked):
+            pass  # parked while paused: set_resource(state="active") signals it
+        elif k.pending == 0 and resignal_allowed(p, k.active, k.pending):
             due = (
                 now
                 if q.visible

@@ -31,6 +31,7 @@ from ...model.queues import Envelope, queue_config_from_options
 from ..attention_policy import (
     check_change,
     next_permit,
+    publish_signals,
     refill,
     resignal_allowed,
 )
@@ -175,7 +176,7 @@ async def publish(
         v = await view(t, d, k)
         await note_backlog(t, d, k, bool(v.visible or v.waiting_due is not None))
         if k.pending == 0:
-            if resignal_allowed(plan_of(d, k), k.active, 0):
+            if resignal_allowed(plan_of(d, k), k.active, 0) and publish_signals(k.state, k.parked):
                 await signal(t, d, k, t.now if v.visible else (v.waiting_due or t.now))
         elif v.visible:
             await _pull_forward(t, d, k)

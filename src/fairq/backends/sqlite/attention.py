@@ -33,6 +33,7 @@ from ..attention_policy import (
     on_signal,
     on_slice_end,
     on_take,
+    publish_signals,
     refill,
     resignal_allowed,
     slice_cost,
@@ -308,7 +309,7 @@ def publish(t: Txn, domain: str, key: str, envs: list[Envelope]) -> list[str]:
     view = _view(t, d, k)
     _note_backlog(t, d, k, bool(view.visible or view.waiting_due is not None))
     if k.pending == 0:
-        if resignal_allowed(_plan(d, k), k.active, 0):
+        if resignal_allowed(_plan(d, k), k.active, 0) and publish_signals(k.state, k.parked):
             _signal(t, d, k, t.now if view.visible else (view.waiting_due or t.now))
     elif view.visible:
         _pull_forward(t, d, k)

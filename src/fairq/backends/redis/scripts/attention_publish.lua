@@ -31,7 +31,7 @@ redis.call('HSETNX', q.n, 'att', d.name .. '\t' .. d.a .. '\t' .. key)
 local v = key_view(d, k)
 note_backlog(d, k, v.visible > 0 or v.waiting_due ~= nil)
 if k.pending == 0 then
-  if resignal_allowed(plan_of(d, k), k.active, 0) then
+  if resignal_allowed(plan_of(d, k), k.active, 0) and publish_signals(k) then
     signal(d, k, v.visible > 0 and NOW or (v.waiting_due or NOW))
   end
 elseif v.visible > 0 then

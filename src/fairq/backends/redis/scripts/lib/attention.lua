@@ -150,6 +150,10 @@ local function next_permit(tokens, plan)
   return NOW + (permit - tokens) / plan.rate + 1e-6  -- PERMIT_MARGIN
 end
 local function resignal_allowed(plan, active, pending) return pending + active < plan.max_concurrency end
+-- attention_policy.publish_signals: a key parked while paused waits for set_resource
+local function publish_signals(k)
+  return not (k.parked and (k.state == 'paused' or k.state == 'maintenance'))
+end
 
 local function dropping(state) return state == 'disabled' or state == 'removed' end
 local function parking(state) return state == 'paused' or state == 'maintenance' end
