@@ -314,7 +314,10 @@ def _compile_numeric(key: str, spec: Any) -> _Test:
     if low_op not in _LOWER or high_op not in _UPPER:
         raise bad('needs a range as a lower bound (">" or ">=") then an upper bound ("<" or "<=")')
     if not low < high:
-        raise bad(f"range is empty: the lower bound {_show(spec[1])} is not below the upper")
+        raise bad(
+            f"needs the lower bound below the upper one, as SNS does, got {_show(spec[1])} "
+            f'and {_show(spec[3])} (for exactly one number: ["=", {_show(spec[1])}])'
+        )
     above, below = _LOWER[low_op], _UPPER[high_op]
     return lambda _text, n: n is not None and above(n, low) and below(n, high)
 

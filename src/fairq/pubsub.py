@@ -21,9 +21,9 @@ from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .errors import InvalidOption
+from .errors import ConfigConflict, InvalidOption, TopicNotFound
 from .filters import compile_filter
-from .message import Outgoing, Received, check_name, id_time, parse_id
+from .message import Outgoing, Received, check_name, id_time, parse_id, shown
 from .model.topics import (
     PublishResult,
     Subscription,
@@ -255,6 +255,18 @@ class Topic:
         from .model.queues import queue_config_from_options
 
         config = queue_config_from_options(sub.queue, queue_options)
+        if config.dead_letter is not None and config.dead_letter.startswith(self.name + "."):
+            try:
+                others = await self._backend.subscriptions(self.name)
+            except TopicNotFound:
+                others = []
+            for other in others:
+                if other.name != name and other.queue == config.dead_letter:
+                    raise ConfigConflict(
+                        f"the dead-letter queue {shown(config.dead_letter)} of subscription "
+                        f"{shown(name)} is subscription {shown(other.name)}'s queue: choose "
+                        "another dead_letter= or another subscription name"
+                    )
         await self._backend.subscribe(sub, config)
         return Queue(self._backend, sub.queue, self._max_bytes)
 

@@ -465,3 +465,17 @@ async def test_rule2_a_subscription_made_by_another_broker_gets_the_next_publish
     finally:
         if other is not live_broker:
             await other.close()
+
+
+async def test_a_subscription_whose_dead_letters_would_go_to_another_subscription_is_refused(
+    broker: fairq.Broker,
+) -> None:
+    """Subscription "y" dead-letters to "<topic>.y.dlq" by default: when that is subscription
+    "y.dlq"'s queue, dead letters would mix with its copies (the other order of the two
+    subscribes is refused by the queue's own check)."""
+    t = await broker.declare_topic("names")
+    await t.subscribe("y.dlq")
+    with pytest.raises(fairq.ConfigConflict, match=r"is subscription 'y\.dlq'"):
+        await t.subscribe("y")
+    assert [s.name for s in await t.subscriptions()] == ["y.dlq"]
+    await t.subscribe("y", dead_letter="names.y.dead")  # another DLQ: fine
