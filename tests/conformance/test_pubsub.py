@@ -479,3 +479,21 @@ async def test_a_subscription_whose_dead_letters_would_go_to_another_subscriptio
         await t.subscribe("y")
     assert [s.name for s in await t.subscriptions()] == ["y.dlq"]
     await t.subscribe("y", dead_letter="names.y.dead")  # another DLQ: fine
+
+
+async def test_unsubscribe_and_delete_topic_leave_the_dead_letter_queues(
+    broker: fairq.Broker,
+) -> None:
+    t = await broker.declare_topic("leaving")
+    for name in ("a", "b"):
+        await t.subscribe(name, max_attempts=1)
+    await t.publish("poison")
+    for name in ("a", "b"):
+        (m,) = await broker.queue(f"leaving.{name}").receive()
+        await m.nack()  # its last attempt: dead-lettered
+    await t.unsubscribe("a")
+    assert await broker.delete_topic("leaving")
+    left = await broker.list_queues(prefix="leaving.")
+    assert left == ["leaving.a.dlq", "leaving.b.dlq"]
+    for name in left:
+        assert (await broker.queue(name).stats()).visible == 1
