@@ -227,17 +227,27 @@ class AmqpTopics(AmqpQueues):
             return
         took = await self._publish(items, f"publishing to topic {topic!r}")
         refused = [qs for qs, ok in zip(counted, took, strict=True) if not ok]
+        # a refused publish reached its queues but the full ones (RabbitMQ's nack does not
+        # say which): those that may refuse are the bounded reject-publish ones
+        full: dict[str, QueueConfig] = {}
+        for qs in refused:
+            for q in qs:
+                config = await self._config(q)
+                if config.max_length is not None and config.overflow == "reject":
+                    full[q] = config
         for qs, ok in zip(counted, took, strict=True):
-            if ok:
-                for q in qs:
+            for q in qs:
+                if ok or q not in full:
                     self._count(q, "sent")
                     self.wakeups.notify([q])
         if refused:
+            name = next(iter(full), refused[0][0])
             raise QueueFull(
-                refused[0][0],
-                0,
-                f"RabbitMQ refused {len(refused)} of {len(items)} publishes of topic {topic!r} "
-                "(a bounded subscription is full); the others were stored",
+                name,
+                full[name].max_length or 0 if name in full else 0,
+                f"RabbitMQ refused {len(refused)} of {len(items)} publishes of topic {topic!r}: "
+                f"the bounded subscription queue(s) {', '.join(sorted(full)) or name} may be "
+                "full; the other subscriptions got their copies",
                 "reject",
             )
 
