@@ -19,9 +19,17 @@ def extensions_after_acks(broker: fairq.Broker) -> Iterator[list[str]]:
     acked = asyncio.Event()
     raced: list[str] = []
     ack, extend = backend.ack, backend.extend
+    progress = backend.attention_progress
 
     async def ack_then_tell(queue: str, receipts: list[str]) -> list[str]:
         lost = await ack(queue, receipts)
+        acked.set()
+        return lost
+
+    async def progress_then_tell(
+        domain: str, token: str, key: str, queue: str, receipts: list[str]
+    ) -> list[str]:  # an attention slice's acks
+        lost = await progress(domain, token, key, queue, receipts)
         acked.set()
         return lost
 
@@ -33,7 +41,9 @@ def extensions_after_acks(broker: fairq.Broker) -> Iterator[list[str]]:
         return lost
 
     backend.ack, backend.extend = ack_then_tell, extend_after_the_ack  # type: ignore[method-assign]
+    backend.attention_progress = progress_then_tell  # type: ignore[method-assign]
     try:
         yield raced
     finally:
         backend.ack, backend.extend = ack, extend  # type: ignore[method-assign]
+        backend.attention_progress = progress  # type: ignore[method-assign]

@@ -284,6 +284,13 @@ class Attention:
         """Keep the slice's concurrency token; False if it was lost."""
         return await self._backend.attention_extend(self.name, s.token)
 
+    async def _progress(self, s: Slice, acks: Sequence[Received]) -> list[str]:
+        """Ack messages the slice handled and count them for its key now (a slice whose
+        worker dies keeps what it counted); return the receipts whose lease was lost."""
+        return await self._backend.attention_progress(
+            self.name, s.token, s.key, s.queue, [m.receipt for m in acks]
+        )
+
     async def _end(
         self,
         s: Slice,

@@ -394,6 +394,48 @@ async def test_a_dead_slice_frees_its_token(broker: fairq.Broker, clock: fairq.M
     assert await a._extend(s) is False
 
 
+async def test_a_dead_slice_keeps_the_count_of_what_it_acked(
+    broker: fairq.Broker, clock: fairq.ManualClock
+) -> None:
+    """A worker killed mid-slice has acked some messages (acked and counted in one step):
+    they stay counted for the key and, once the slice's token expires, for the domain; the
+    handled-but-unacked one comes back and counts once, in the slice that handles it."""
+    plans = {"basic": Plan(1, 10, 20.0)}
+    a = await domain(broker, plans=plans, slice_lease=10, queue_options={"visibility_timeout": 5})
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(4)])
+    s = await a._take(0)
+    assert s is not None
+    msgs, _ = await a._receive(s, 3, None)
+    assert await a._progress(s, msgs[:2]) == []  # acked and counted; msgs[2] handled, not
+    (key,) = await a.key_stats()
+    assert key.processed == 2
+    clock.advance(11)  # the worker died: its token and its last message's lease run out
+    s2 = await a._take(0)
+    assert s2 is not None
+    assert sorted(await run_slice(a, s2)) == [b"2", b"3"]
+    st = await a.stats()
+    (key,) = await a.key_stats()
+    assert (st.processed, key.processed) == (4, 4)
+
+
+async def test_the_end_counts_only_what_the_slice_did_not_count_on_the_way(
+    broker: fairq.Broker,
+) -> None:
+    plans = {"basic": Plan(1, 10, 20.0)}
+    a = await domain(broker, plans=plans)
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(5)])
+    s = await a._take(0)
+    assert s is not None
+    msgs, _ = await a._receive(s, 5, None)
+    await a._progress(s, msgs[:3])
+    lost = await a._end(s, 5, None, msgs[3:])  # the last two acked with the end
+    assert lost == []
+    st = await a.stats()
+    (key,) = await a.key_stats()
+    assert (st.processed, key.processed) == (5, 5)
+    assert (await (await a.queue("k")).stats()).acked == 5
+
+
 async def test_slices_keep_their_token_while_extended(
     broker: fairq.Broker, clock: fairq.ManualClock
 ) -> None:

@@ -371,9 +371,33 @@ class Backend(ABC):
     async def attention_end(
         self, domain: str, token: str, processed: int, retry_at: float | None
     ) -> None:
-        """Release the token, count ``processed``, and signal the key again at the tail if
-        it has backlog left (delayed to ``retry_at`` when its rate ran out, or to its next
-        due message when only delayed or leased ones are left)."""
+        """Release the token, count ``processed`` (every message the slice handled; the
+        key counts those :meth:`attention_count` has not counted yet), and signal the key
+        again at the tail if it has backlog left (delayed to ``retry_at`` when its rate ran
+        out, or to its next due message when only delayed or leased ones are left). A slice
+        whose token expired was ended by the sweep, which added what it had counted to the
+        domain's processed; its late end counts nothing."""
+
+    async def attention_progress(
+        self, domain: str, token: str, key: str, queue: str, receipts: list[str]
+    ) -> list[str]:
+        """Ack ``receipts`` (messages the running slice ``token`` of ``key`` handled, leased
+        from its ``queue``) and count the acked ones as processed for the key now: the slice
+        remembers them, so its end counts only the rest, and a slice whose worker dies has
+        counted what it acked (they join the domain's count when its token expires). Return
+        the receipts that were not current leases. The default acks, then calls
+        :meth:`attention_count`; an engine may do both in one step."""
+        lost = await self.ack(queue, receipts) if receipts else []
+        acked = len(set(receipts) - set(lost))
+        if acked:
+            await self.attention_count(domain, token, key, acked)
+        return lost
+
+    @abstractmethod
+    async def attention_count(self, domain: str, token: str, key: str, n: int) -> None:
+        """Count ``n`` messages the slice ``token`` of ``key`` handled and acked as the key's
+        processed now, and add ``n`` to what the slice has counted (see
+        :meth:`attention_progress`). Nothing for a domain that no longer exists."""
 
     async def attention_finish(
         self,

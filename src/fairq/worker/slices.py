@@ -23,7 +23,7 @@ from collections.abc import Callable
 from ..attention import Slice
 from ..errors import ConnectionError, FairqError, InvalidOption, LeaseLost
 from ..message import Received, check_name
-from .parts import Backoff, Handler, _Consumer, _Running, _SliceRun, queue_of
+from .parts import Backoff, Handler, _Consumer, _Running, _SliceRun
 from .runtime import Runtime
 
 log = logging.getLogger("fairq.worker")
@@ -38,10 +38,12 @@ _YIELD_EVERY = 0.0005
 class _Acks:
     """One slice's acks: sent as messages finish, one call in flight at a time."""
 
-    __slots__ = ("_flying", "_pending", "_runtime", "_task")
+    __slots__ = ("_consumer", "_flying", "_pending", "_runtime", "_slice", "_task")
 
-    def __init__(self, runtime: SliceRuntime) -> None:
+    def __init__(self, runtime: SliceRuntime, c: _Consumer, s: Slice) -> None:
         self._runtime = runtime
+        self._consumer = c
+        self._slice = s
         self._pending: list[Received] = []
         self._flying = 0  # messages of the call on its way
         self._task: asyncio.Task[None] | None = None
@@ -61,7 +63,7 @@ class _Acks:
             while self._pending:
                 batch, self._pending = self._pending, []
                 self._flying = len(batch)
-                await self._runtime._ack_slice(batch)
+                await self._runtime._ack_slice(self._consumer, self._slice, batch)
                 self._flying = 0
         finally:
             self._flying = 0
@@ -223,7 +225,7 @@ class SliceRuntime(Runtime):
         deadline = loop.time() + s.plan.max_time
         handled = 0
         retry_at: float | None = None
-        acks = _Acks(self)
+        acks = _Acks(self, c, s)
         self._slices[s.token] = _SliceRun(c, s, loop.time() + c.slice_lease)
         ahead: asyncio.Task[tuple[list[_Running], float | None]] | None = None
         try:
@@ -349,17 +351,19 @@ class SliceRuntime(Runtime):
             return _SLICE_BATCH
         return max(1, min(_SLICE_BATCH, int(_PREFETCH / c.handle_time)))
 
-    async def _ack_slice(self, done: list[Received]) -> None:
-        """Ack handled messages of one queue; a failure is logged (the lease runs out and
-        the message comes back: at-least-once)."""
-        q = queue_of(done[0])
+    async def _ack_slice(self, c: _Consumer, s: Slice, done: list[Received]) -> None:
+        """Ack handled messages of the slice, counted as processed for its key in the same
+        step (so a worker killed mid-slice leaves them counted); a failure is logged (the
+        lease runs out and the message comes back: at-least-once)."""
+        assert c.attention is not None
         try:
-            await q.ack_batch([m.receipt for m in done])
-        except LeaseLost as exc:
-            self.stats.lease_lost += len(exc.lost)
-            log.warning("%d lease(s) on %s were lost before the ack", len(exc.lost), q.name)
+            lost = await c.attention._progress(s, done)
         except Exception as exc:
-            log.warning("could not ack %d message(s) on %s: %s", len(done), q.name, exc)
+            log.warning("could not ack %d message(s) on %s: %s", len(done), s.queue, exc)
+            return
+        if lost:
+            self.stats.lease_lost += len(lost)
+            log.warning("%d lease(s) on %s were lost before the ack", len(lost), s.queue)
 
     async def _reconcile(self, c: _Consumer) -> None:
         """Signal the domain's keys that have work but no signal (lost ones), now and then."""

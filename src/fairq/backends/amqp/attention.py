@@ -415,6 +415,10 @@ class AmqpAttention(AmqpTopics):
     async def attention_extend(self, domain: str, token: str) -> bool:
         return await self.store.attention_extend(domain, token)
 
+    async def attention_count(self, domain: str, token: str, key: str, n: int) -> None:
+        # the acks went to RabbitMQ (Backend.attention_progress): the count to the store
+        await self.store.attention_count(domain, token, key, n)
+
     async def attention_end(
         self, domain: str, token: str, processed: int, retry_at: float | None
     ) -> None:

@@ -98,6 +98,7 @@ class _SliceRec:
     tenant: str = ""
     charged: float = 0.0
     taken_at: float = 0.0
+    counted: int = 0  # messages counted as processed before the end (attention_count)
 
 
 @dataclass(slots=True, eq=False)
@@ -244,6 +245,9 @@ class MemoryAttention(MemoryQueues):
         expired: bool = False,
     ) -> None:
         del d.slices[rec.token]
+        # the domain counts every message once: what the slice counted on the way when it
+        # expired, else all it handled; its key has the counted ones already
+        d.counters["processed"] += rec.counted if expired else processed
         k = d.keys.get(rec.key)
         if k is None:
             return
@@ -257,8 +261,8 @@ class MemoryAttention(MemoryQueues):
             self._requeue(d, t)
             _use(t, now, held, processed)
         k.active -= 1
-        k.processed += processed
-        d.counters["processed"] += processed
+        if not expired:
+            k.processed += max(0, processed - rec.counted)
         view = self._view(d, k, now)
         when, counter = on_slice_end(view, self._plan(d, k), now, retry_at)
         if when is not None and counter is not None:
@@ -438,10 +442,20 @@ class MemoryAttention(MemoryQueues):
         d = self._domain(domain)
         self._sweep_domain(d, now)
         rec = d.slices.get(token)
-        if rec is None:  # expired and already swept: its processed count still counts
-            d.counters["processed"] += processed
+        if rec is None:  # expired and already swept, with what it had counted
             return
         self._end_slice(d, rec, processed, retry_at, now)
+
+    async def attention_count(self, domain: str, token: str, key: str, n: int) -> None:
+        d = self._domains.get(domain)
+        if d is None:
+            return
+        k = d.keys.get(key)
+        if k is not None:
+            k.processed += n
+        rec = d.slices.get(token)
+        if rec is not None:
+            rec.counted += n
 
     # -- resources -------------------------------------------------------------------------
     async def attention_set_resource(

@@ -488,6 +488,16 @@ class PostgresBackend(Backend):
     ) -> None:
         await attention.end(self, domain, token, processed, retry_at)
 
+    async def attention_progress(
+        self, domain: str, token: str, key: str, queue: str, receipts: list[str]
+    ) -> list[str]:
+        if not receipts:
+            return []
+        return await attention.progress(self, domain, token, key, queue, receipts)
+
+    async def attention_count(self, domain: str, token: str, key: str, n: int) -> None:
+        await attention.count(self, domain, token, key, n)
+
     async def attention_set_resource(
         self, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None
     ) -> None:

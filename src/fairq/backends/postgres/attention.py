@@ -318,6 +318,52 @@ async def extend(b: PostgresBackend, domain: str, token: str) -> bool:
     return bool(await run(b, go, flush=False))
 
 
+async def _count(t: Txn, domain: str, token: str, key: str, n: int) -> None:
+    """``n`` acked messages of the slice ``token`` counted for ``key`` now, and remembered
+    with the slice (``att_slices.counted``, migration 12: its end counts only the rest).
+    The key's row, then the slice's: the order in which an end locks them."""
+    if n <= 0:
+        return
+    await t.cur.execute(
+        f"UPDATE {t.s}.att_keys SET processed = processed + %s WHERE key = %s "
+        f"AND domain_id = (SELECT id FROM {t.s}.att_domains WHERE name = %s)",
+        (n, key, domain),
+    )
+    await t.cur.execute(
+        f"UPDATE {t.s}.att_slices SET counted = counted + %s WHERE token = %s", (n, token)
+    )
+
+
+async def count(b: PostgresBackend, domain: str, token: str, key: str, n: int) -> None:
+    async def go(t: Txn) -> None:
+        await _count(t, domain, token, key, n)
+
+    await run(b, go, wakes=False)
+
+
+async def progress(
+    b: PostgresBackend, domain: str, token: str, key: str, queue: str, receipts: list[str]
+) -> list[str]:
+    """A running slice's handled messages acked and the acked ones counted, in one
+    transaction (with the ack's full WAL flush)."""
+    ids, leases = queues.receipts_literals(receipts)
+    now = b.now()
+
+    async def go(cur: Cursor) -> tuple[list[str], bool]:
+        await cur.execute(b.q.ack, (queue, now, ids, leases))
+        row = await cur.fetchone()
+        assert row is not None
+        lost = queues.lost_of(row[0], receipts)
+        await _count(Txn(cur, b, now), domain, token, key, len(set(receipts) - set(lost)))
+        return lost, bool(row[1])
+
+    # the NOTIFY round trip after it only when the ack noted a wake-up, as a plain ack's
+    lost, woke = await b.pool.run(go, transaction=True, wakes=lambda r: r[1])
+    if woke:
+        b.wakeups.notify([queue])
+    return lost
+
+
 async def end(
     b: PostgresBackend, domain: str, token: str, processed: int, retry_at: float | None
 ) -> None:

@@ -30,6 +30,7 @@ A domain's options are kept in its own family (``F attd``, the index that
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -381,6 +382,29 @@ class RedisAttention(AttentionReads):
         self, domain: str, token: str, processed: int, retry_at: float | None
     ) -> None:
         await self.attention_finish(domain, token, processed, retry_at, "", [])
+
+    async def attention_progress(
+        self, domain: str, token: str, key: str, queue: str, receipts: list[str]
+    ) -> list[str]:
+        if not receipts:
+            return []
+        got = await self._att(
+            "attention_progress",
+            domain,
+            shard_of_token(token),
+            token,
+            key,
+            queue,
+            *_receipt_args(receipts),
+        )
+        return [receipts[int(i) - 1] for i in got]
+
+    async def attention_count(self, domain: str, token: str, key: str, n: int) -> None:
+        if n > 0:
+            with contextlib.suppress(AttentionNotFound):  # deleted meanwhile: nothing to count
+                await self._att(
+                    "attention_progress", domain, shard_of_token(token), token, key, "", str(n)
+                )
 
     async def attention_finish(
         self,

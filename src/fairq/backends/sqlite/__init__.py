@@ -270,6 +270,14 @@ class SQLiteBackend(Backend):
     ) -> None:
         await self._call(attention.end, domain, token, processed, retry_at)
 
+    async def attention_progress(
+        self, domain: str, token: str, key: str, queue: str, receipts: list[str]
+    ) -> list[str]:
+        return await self._call(attention.progress, domain, token, key, queue, receipts)
+
+    async def attention_count(self, domain: str, token: str, key: str, n: int) -> None:
+        await self._call(attention.count, domain, token, key, n)
+
     async def attention_set_resource(
         self, domain: str, key: str, plan: str | None, state: str | None, tenant: str | None
     ) -> None:

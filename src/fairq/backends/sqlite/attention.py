@@ -197,16 +197,20 @@ def _end_slice(
     expired: bool = False,
 ) -> bool:
     row = t.conn.execute(
-        "DELETE FROM fairq_att_slices WHERE token = ? RETURNING key, tenant, charged, taken_at",
+        "DELETE FROM fairq_att_slices WHERE token = ? "
+        "RETURNING key, tenant, charged, taken_at, counted",
         (token,),
     ).fetchone()
-    _count(t, d, "processed", processed)
-    if row is None:
+    if row is None:  # expired and ended by the sweep, with what it had counted
         return False
+    counted = row[4]
+    # the domain counts every message once: what an expired slice counted on the way, else
+    # all it handled; its key has the counted ones already
+    _count(t, d, "processed", counted if expired else processed)
     k = _load_key(t, d, row[0])
     if k is None:
         return True
-    tenant, charged, taken_at = row[1:]
+    tenant, charged, taken_at = row[1:4]
     if tenant is not None and taken_at is not None and not expired:
         # a dead worker's slice (expired) keeps its estimate: its real cost is unknown
         _charge(t, d, tenant, charged, t.now - taken_at, processed, _plan(d, k))
@@ -217,7 +221,7 @@ def _end_slice(
         _count(t, d, counter)
         _signal(t, d, k, when)
     _note_backlog(t, d, k, bool(view.visible or view.waiting_due is not None))
-    k.save(t, d, processed)
+    k.save(t, d, 0 if expired else max(0, processed - counted))
     return True
 
 
@@ -478,6 +482,31 @@ def extend(t: Txn, domain: str, token: str) -> bool:
         (until, token, d.id, t.now),
     ).rowcount
     return changed == 1
+
+
+def count(t: Txn, domain: str, token: str, key: str, n: int) -> None:
+    """``n`` acked messages of the slice ``token`` counted for ``key`` now, and remembered
+    with the slice (its end counts only the rest)."""
+    d = t.find_domain(domain)
+    if d is None or n <= 0:
+        return
+    t.conn.execute(
+        "UPDATE fairq_att_keys SET processed = processed + ? WHERE domain_id = ? AND key = ?",
+        (n, d.id, key),
+    )
+    t.conn.execute(
+        "UPDATE fairq_att_slices SET counted = counted + ? WHERE token = ? AND domain_id = ?",
+        (n, token, d.id),
+    )
+
+
+def progress(
+    t: Txn, domain: str, token: str, key: str, queue: str, receipts: list[str]
+) -> list[str]:
+    """Ack a running slice's handled messages and count the acked ones, in one transaction."""
+    lost = queues.ack(t, queue, receipts)
+    count(t, domain, token, key, len(set(receipts) - set(lost)))
+    return lost
 
 
 def end(t: Txn, domain: str, token: str, processed: int, retry_at: float | None) -> None:

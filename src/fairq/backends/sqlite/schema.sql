@@ -1,4 +1,4 @@
--- fairq's SQLite schema, version 10. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 11. Every statement is idempotent (IF NOT EXISTS), so
 -- txn.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
@@ -11,6 +11,7 @@
 --   version 8: attention in worker time (virtual times, estimates, slice charges, usage)
 --   version 9: sends counted later (fairq_queues.sent_upto), so a send writes no queue row
 --   version 10: small receives and acks counted later (below), writing no queue row
+--   version 11: attention slices count their acked messages as they go (counted)
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -231,7 +232,8 @@ CREATE TABLE IF NOT EXISTS fairq_att_slices (
     lease_until REAL NOT NULL,
     tenant      TEXT,                           -- 8: the tenant charged at take
     charged     REAL NOT NULL DEFAULT 0,        -- 8: its estimated cost, corrected at the end
-    taken_at    REAL                            -- 8: when it was taken (its cost in time)
+    taken_at    REAL,                           -- 8: when it was taken (its cost in time)
+    counted     INTEGER NOT NULL DEFAULT 0      -- 11: acked messages counted on the way
 ) WITHOUT ROWID;
 
 CREATE INDEX IF NOT EXISTS fairq_att_ix_lease ON fairq_att_slices (lease_until);

@@ -23,7 +23,7 @@ from ...model.attention import AttentionConfig
 from ...model.queues import QueueConfig
 from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 # the greatest id handed out so far, as far as the file remembers it (see Store)
@@ -87,6 +87,7 @@ ADDED_COLUMNS = [
     ("fairq_att_slices", "charged", "REAL NOT NULL DEFAULT 0"),
     ("fairq_att_slices", "taken_at", "REAL"),
     ("fairq_queues", "sent_upto", "INTEGER NOT NULL DEFAULT 0"),  # 9: sends counted later
+    ("fairq_att_slices", "counted", "INTEGER NOT NULL DEFAULT 0"),  # 11: counted on the way
 ]
 
 

@@ -23,6 +23,6 @@ for _, tenant in ipairs(redis.call('ZRANGE', a .. 'turns', 0, -1)) do
   redis.call('DEL', a .. 't:' .. tenant)
 end
 redis.call('DEL', a .. 'n', a .. 'keys', a .. 'backlog', a .. 'recon', a .. 'sched', a .. 'tenants',
-  a .. 'delayed', a .. 'slices', a .. 'sk', a .. 'sc', a .. 'ub', a .. 'turns', a .. 'tturn')
+  a .. 'delayed', a .. 'slices', a .. 'sk', a .. 'sc', a .. 'sn', a .. 'ub', a .. 'turns', a .. 'tturn')
 if arg(2) == '1' then return redis.call('HDEL', fb .. 'att', domain_of(id)) end
 return redis.call('HEXISTS', fb .. 'att', domain_of(id))

@@ -363,11 +363,15 @@ end
 end_slice = function(d, token, processed, retry_at, expired)
   local key = redis.call('HGET', d.a .. 'sk', token)
   local sc = redis.call('HGET', d.a .. 'sc', token)
+  local counted = tonumber(redis.call('HGET', d.a .. 'sn', token)) or 0
   redis.call('ZREM', d.a .. 'slices', token)
   redis.call('HDEL', d.a .. 'sk', token)
   redis.call('HDEL', d.a .. 'sc', token)
-  count(d, 'processed', processed)
-  if not key then return false end
+  redis.call('HDEL', d.a .. 'sn', token)
+  if not key then return false end  -- expired and ended by the sweep, with its count
+  -- the domain counts every message once: what an expired slice counted on the way (see
+  -- attention_progress.lua), else all it handled; its key has the counted ones already
+  count(d, 'processed', expired and counted or processed)
   local k = load_key(d, key)
   if not k then return true end
   local tenant, delta = nil, nil
@@ -385,7 +389,7 @@ end_slice = function(d, token, processed, retry_at, expired)
     signal(d, k, when)
   end
   note_backlog(d, k, v.visible > 0 or v.waiting_due ~= nil)
-  k.added = processed
+  k.added = expired and 0 or math.max(0, processed - counted)
   save_key(d, k)
   wake('attention:' .. d.id)
   return true, tenant, delta
