@@ -41,7 +41,7 @@ import secrets
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from .errors import InvalidOption, LeaseLost
 from .message import Received, check_key, check_name
@@ -65,6 +65,7 @@ __all__ = [
     "IdempotencyRecord",
     "IdempotencyStore",
     "IdempotentBy",
+    "KeptAlive",
     "KeyFunction",
     "Version",
     "VersionGate",
@@ -105,7 +106,48 @@ class ClaimLost(LeaseLost):
         self.key = key
 
 
-class Claim:
+class KeptAlive:
+    """Keeping a claim alive while its work runs, for :class:`Claim` and the HTTP client's
+    ``RemoteClaim``: a class with ``key``, ``lease``, ``settled``, ``extend()`` and a
+    ``_keeper`` slot."""
+
+    __slots__ = ("_keeper",)
+    key: str
+    lease: float
+    _keeper: _KeepAlive | None
+
+    @property
+    def settled(self) -> bool:  # pragma: no cover - each claim class has its own
+        raise NotImplementedError
+
+    async def extend(self, lease: float | None = None) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    def keep_alive(self) -> None:
+        """Extend the claim every third of its lease from now until it is completed or
+        released (or :meth:`stop_keeping`), so a live holder keeps it however long the work
+        takes while a crashed one stops extending and loses it. A failed extension is
+        logged. Needs a running event loop."""
+        if self._keeper is None and not self.settled:
+            self._keeper = _KeepAlive(self)
+
+    def stop_keeping(self) -> None:
+        """Stop the extensions started by :meth:`keep_alive`."""
+        keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            keeper.stop()
+
+    @contextlib.asynccontextmanager
+    async def kept_alive(self) -> AsyncIterator[Self]:
+        """:meth:`keep_alive` for the duration of an ``async with`` block."""
+        self.keep_alive()
+        try:
+            yield self
+        finally:
+            self.stop_keeping()
+
+
+class Claim(KeptAlive):
     """The right to do the work of one key, for ``lease`` seconds.
 
     End it with :meth:`complete` (the work is done: duplicates are turned away for the
@@ -114,7 +156,7 @@ class Claim:
     :meth:`extend`, or inside ``async with claim.kept_alive():``.
     """
 
-    __slots__ = ("_keeper", "_settled", "key", "lease", "store", "token")
+    __slots__ = ("_settled", "key", "lease", "store", "token")
 
     def __init__(self, store: IdempotencyStore, key: str, token: str, lease: float) -> None:
         self.store = store
@@ -171,29 +213,6 @@ class Claim:
         if not await store.backend.extend_claim(store.namespace, self.key, self.token, seconds):
             raise ClaimLost(self.key)
 
-    def keep_alive(self) -> None:
-        """Extend the claim every third of its lease from now until it is completed or
-        released (or :meth:`stop_keeping`), so a live holder keeps it however long the work
-        takes while a crashed one stops extending and loses it. A failed extension is
-        logged. Needs a running event loop."""
-        if self._keeper is None and self._settled is None:
-            self._keeper = _KeepAlive(self)
-
-    def stop_keeping(self) -> None:
-        """Stop the extensions started by :meth:`keep_alive`."""
-        keeper, self._keeper = self._keeper, None
-        if keeper is not None:
-            keeper.stop()
-
-    @contextlib.asynccontextmanager
-    async def kept_alive(self) -> AsyncIterator[Claim]:
-        """:meth:`keep_alive` for the duration of an ``async with`` block."""
-        self.keep_alive()
-        try:
-            yield self
-        finally:
-            self.stop_keeping()
-
 
 class _KeepAlive:
     """Timer-driven extensions of one claim: no task exists until an extension is due,
@@ -201,7 +220,7 @@ class _KeepAlive:
 
     __slots__ = ("_claim", "_handle", "_loop", "_task")
 
-    def __init__(self, claim: Claim) -> None:
+    def __init__(self, claim: KeptAlive) -> None:
         self._claim = claim
         self._loop = asyncio.get_running_loop()
         self._task: asyncio.Task[None] | None = None

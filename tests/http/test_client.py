@@ -206,6 +206,34 @@ async def test_idempotency_and_versions_through_the_client(client: Client) -> No
         await gate.advance("u-2", datetime(2026, 3, 1, 10))  # naive: no time zone
 
 
+async def test_a_remote_once_keeps_its_claim_while_the_block_runs(client: Client) -> None:
+    """As in-process: a block longer than the lease keeps the key (the claim is extended),
+    so a second claimer does not run the work beside it."""
+    import asyncio
+
+    store = client.idempotency("slow-work", ttl=3600)
+    intruders: list[bool] = []
+
+    async def intruder() -> None:
+        await asyncio.sleep(1.0)
+        intruders.append(await store.claim("k", lease=0.6) is not None)
+
+    other = asyncio.create_task(intruder())
+    async with store.once("k", lease=0.6) as first:
+        assert first
+        await asyncio.sleep(1.5)  # 2.5 leases
+    await other
+    assert intruders == [False], "the key was taken while its work ran"
+    record = await store.get("k")
+    assert record is not None and record.completed
+    claim = await store.claim("j", lease=0.6)
+    assert claim is not None
+    async with claim.kept_alive():
+        await asyncio.sleep(1.0)
+    assert await store.claim("j") is None
+    await claim.complete()
+
+
 async def test_sends_and_publishes_with_an_idempotency_key(client: Client, server: Server) -> None:
     q = await client.declare_queue("jobs")
     one = await q.send("pdf", idempotency_key="send-1")

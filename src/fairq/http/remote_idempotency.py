@@ -16,6 +16,7 @@ are JSON values or bytes (sent base64).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 from collections.abc import AsyncIterator
@@ -26,6 +27,7 @@ from ..idempotency import (
     DEFAULT_LEASE,
     ClaimLost,
     IdempotencyRecord,
+    KeptAlive,
     Version,
     check_version,
     encode_result,
@@ -57,8 +59,9 @@ async def _or_none(call: Any) -> Any:
         raise
 
 
-class RemoteClaim:
-    """The right to do the work of one key, for ``lease`` seconds (see :class:`fairq.Claim`)."""
+class RemoteClaim(KeptAlive):
+    """The right to do the work of one key, for ``lease`` seconds (see :class:`fairq.Claim`;
+    ``keep_alive`` and ``kept_alive`` extend it while long work runs)."""
 
     __slots__ = ("_settled", "key", "lease", "store", "token")
 
@@ -68,6 +71,7 @@ class RemoteClaim:
         self.token = token
         self.lease = lease
         self._settled: str | None = None
+        self._keeper = None
 
     def __repr__(self) -> str:
         return f"RemoteClaim({self.store.namespace!r}, {self.key!r}, lease={self.lease:g})"
@@ -85,6 +89,7 @@ class RemoteClaim:
         the store's ttl; :class:`fairq.ClaimLost` if another claimer took the key."""
         if self._settled is not None:
             raise ClaimLost(self.key, f"this claim of {self.key!r} was already {self._settled}")
+        self.stop_keeping()
         body: dict[str, Any] = {"ttl": self.store.ttl}
         if isinstance(result, bytes | bytearray | memoryview):
             body |= {"result": base64.b64encode(bytes(result)).decode(), "encoding": "base64"}
@@ -102,6 +107,7 @@ class RemoteClaim:
         if self._settled is not None:
             return False
         self._settled = "released"
+        self.stop_keeping()
         return bool((await self._post("release", {}))["released"])
 
     async def extend(self, lease: float | None = None) -> None:
@@ -173,12 +179,13 @@ class RemoteIdempotencyStore:
         if claim is None:
             yield False
             return
-        try:
-            yield True
-        except BaseException:
-            await claim.release()
-            raise
-        await claim.complete()
+        async with claim.kept_alive():  # extended while the block runs, as in-process
+            try:
+                yield True
+            except BaseException:
+                await asyncio.shield(claim.release())
+                raise
+            await claim.complete()
 
 
 class RemoteVersionGate:
