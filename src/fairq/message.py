@@ -38,6 +38,7 @@ __all__ = [
     "next_id_base",
     "parse_id",
     "parse_receipt",
+    "storable_lease",
 ]
 
 MAX_ATTRIBUTES = 32
@@ -167,13 +168,28 @@ def make_receipt(n: int, lease: int) -> str:
     return f"{n:016x}.{lease:x}"
 
 
+#: message ids and the leases SQLite and PostgreSQL store are below this (signed 64 bits)
+INT64_END = 1 << 63
+
+
 def parse_receipt(receipt: str) -> tuple[int, int]:
-    """``(message id, lease token)`` of a receipt; raise on a malformed one."""
+    """``(message id, lease token)`` of a receipt; raise on a malformed one (a message id
+    needs at most 63 bits, as every engine makes them)."""
     try:
         head, _, tail = receipt.partition(".")
-        return int(head, 16), int(tail, 16)
+        mid, lease = int(head, 16), int(tail, 16)
     except (AttributeError, TypeError, ValueError) as exc:
-        raise InvalidMessage(f"malformed receipt {receipt!r}") from exc
+        raise InvalidMessage(f"malformed receipt {shown(receipt)}") from exc
+    if not 0 <= mid < INT64_END:
+        raise InvalidMessage(f"malformed receipt {shown(receipt)}: no such message id")
+    return mid, lease
+
+
+def storable_lease(lease: int) -> int:
+    """A receipt's lease as SQLite and PostgreSQL compare it: one that does not fit their
+    signed 64 bits (fairq made none: theirs have 62) becomes 0, which no lease is, so the
+    receipt is simply not a current lease."""
+    return lease if 0 <= lease < INT64_END else 0
 
 
 class LeaseHolder(Protocol):

@@ -229,6 +229,24 @@ async def test_malformed_receipt(broker: fairq.Broker) -> None:
         await q.ack_batch(["not-a-receipt"])
 
 
+async def test_a_receipt_with_numbers_too_large_is_lost_or_malformed(broker: fairq.Broker) -> None:
+    """A well-formed receipt whose lease needs 64 bits names no current lease (SQLite and
+    PostgreSQL store 63): lost, like any stale receipt, not an engine error; a message id
+    of 64 bits is malformed (fairq makes them of 63)."""
+    q = await broker.declare_queue("receipts")
+    msg_id = await q.send(b"x")
+    (m,) = await q.receive()
+    for lease in ("ffffffffffffffff", "8000000000000000"):
+        with pytest.raises(fairq.LeaseLost):
+            await q.ack_batch([f"{msg_id}.{lease}"])
+    stale = f"{msg_id}.ffffffffffffffff"
+    assert await q.extend_batch([stale], 30) == [stale]
+    with pytest.raises(fairq.InvalidMessage):
+        await q.ack_batch(["ffffffffffffffff.1"])
+    await m.ack()  # the real lease lived on
+    assert (await q.stats()).acked == 1
+
+
 async def test_unknown_scheme_is_connection_error() -> None:
     with pytest.raises(fairq.ConnectionError) as info:
         await fairq.connect("nosuch://user:secret@host/db")

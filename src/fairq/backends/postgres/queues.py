@@ -12,7 +12,14 @@ from typing import Any
 import orjson
 
 from ...errors import LeaseLost
-from ...message import Received, format_id, id_time, make_receipt, parse_receipt
+from ...message import (
+    Received,
+    format_id,
+    id_time,
+    make_receipt,
+    parse_receipt,
+    storable_lease,
+)
 from ...model.queues import Envelope, QueueConfig, QueueStats
 from .connection import Cursor
 from .queries import Queries
@@ -69,7 +76,7 @@ def receipts_arrays(receipts: list[str]) -> tuple[list[int], list[int]]:
     for r in receipts:
         mid, lease = parse_receipt(r)
         ids.append(mid)
-        leases.append(lease)
+        leases.append(storable_lease(lease))
     return ids, leases
 
 

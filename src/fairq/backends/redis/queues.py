@@ -94,9 +94,9 @@ def received(item: Sequence[Any], queue: str, receipt_tail: str | None) -> Recei
     )
 
 
-#: a receipt as this backend hands them out: 16 hex digits, ".", the lease in hex with no
+#: a receipt as this backend hands them out: 16 hex digits (63 bits), ".", the lease in hex with no
 #: leading zero (what the scripts compare); anything else is parsed and normalised
-_NORMAL_RECEIPT = re.compile(r"[0-9a-f]{16}\.(?:[1-9a-f][0-9a-f]{0,15}|0)")
+_NORMAL_RECEIPT = re.compile(r"[0-7][0-9a-f]{15}\.(?:[1-9a-f][0-9a-f]{0,15}|0)")
 
 
 def _normal_receipts(receipts: Sequence[str]) -> list[str]:

@@ -14,7 +14,14 @@ from collections.abc import Sequence
 import orjson
 
 from ...errors import QueueFull
-from ...message import Received, format_id, id_time, parse_receipt
+from ...message import (
+    INT64_END,
+    Received,
+    format_id,
+    id_time,
+    parse_receipt,
+    storable_lease,
+)
 from ...model.queues import Envelope, QueueConfig
 from ..rules import (
     CopyPlan,
@@ -522,11 +529,15 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
             if ids is None:
                 ids = by_lease[tail] = []
             ids.append(int(head, 16))
-        leases = [(int(tail, 16), ids) for tail, ids in by_lease.items()]
+        leases = [(storable_lease(int(tail, 16)), ids) for tail, ids in by_lease.items()]
     except (AttributeError, TypeError, ValueError):
         for receipt in receipts:
             parse_receipt(receipt)  # raises InvalidMessage naming the malformed one
         raise
+    for _, ids in leases:
+        if max(ids) >= INT64_END or min(ids) < 0:
+            for receipt in receipts:
+                parse_receipt(receipt)  # raises InvalidMessage naming the one out of range
     if len(receipts) < LAZY_BELOW and not q.config.fifo:
         return _mark_acked(t, q, receipts, leases)
     now = t.now
