@@ -110,6 +110,39 @@ async def test_a_running_worker_resumes_after_a_restart(cluster: Cluster) -> Non
         await asyncio.wait_for(running, 20)
 
 
+async def test_the_broker_is_back_soon_after_a_long_outage(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The pool retries a lost connection with doubling delays: after an outage of 20 s
+    its next try came 8.8 s after the server was back here (after 2 minutes, ~2 minutes).
+    fairq ends each retry chain after 5 s, so the next operation starts a new one (0.01 s)."""
+    async with await fairq.connect(_url(cluster, "long")) as b:
+        q = await b.declare_queue("jobs")
+        await q.send(b"before")
+        await asyncio.to_thread(cluster.stop)
+        try:
+            outage_end = time.monotonic() + 20
+            while time.monotonic() < outage_end:  # a producer that keeps trying
+                with pytest.raises(fairq.ConnectionError):
+                    await q.send(b"during")
+                await asyncio.sleep(0.5)
+        finally:
+            await asyncio.to_thread(cluster.start)
+        back = time.monotonic()
+        while True:
+            try:
+                await q.send(b"after")
+                break
+            except fairq.ConnectionError:
+                assert time.monotonic() - back < 30, "the broker did not come back"
+                await asyncio.sleep(0.2)
+        took = time.monotonic() - back
+        assert took < 4, f"the first send after the restart took {took:.1f} s"
+        assert (await q.stats()).visible == 2
+    noise = [r for r in caplog.records if r.name == "psycopg.pool" and "connecting" in r.msg]
+    assert not noise, "the pool's retries of fairq's own connections are not logged"
+
+
 _SENDER = """
 import asyncio, faulthandler, signal, sys, time
 import fairq

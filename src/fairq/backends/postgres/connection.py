@@ -275,6 +275,30 @@ Cursor = psycopg.AsyncCursor[tuple[Any, ...]]
 CANCEL_GRACE = 0.5
 #: seconds during which pooled connections are checked before use, after trouble was seen
 SUSPECT_FOR = 30.0
+#: seconds the pool retries one failed connection (its delays double from 1 s) before it
+#: gives that chain up; a new one starts when an operation next needs a connection
+RECONNECT_CHAIN = 5.0
+
+
+class _QuietPoolRetries(logging.Filter):
+    """psycopg_pool warns of every failed connection attempt of a pool, in two lines, and
+    of every retry chain it gives up: a flood while the server is down. fairq's operations
+    raise ``ConnectionError`` meanwhile and its worker says once that the engine is away and
+    when it is back, so these records of fairq's own pools (named ``fairq:``) are dropped."""
+
+    _NOISE = ("error connecting in %r: %s", "reconnection attempt in pool %r failed after %s sec")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        return not (
+            record.msg in self._NOISE
+            and isinstance(args, tuple)
+            and bool(args)
+            and str(args[0]).startswith("fairq:")
+        )
+
+
+_QUIET_POOL_RETRIES = _QuietPoolRetries()
 #: seconds after giving up a socket before the operation is cancelled outright (a wait
 #: on a socket that was shut down fails at once; this only catches the unforeseen)
 _BACKSTOP = 1.0
@@ -427,6 +451,7 @@ class Pool:
         self._flushes: set[asyncio.Future[None]] = set()
         self._closing = False
         self._suspect_until = 0.0
+        logging.getLogger("psycopg.pool").addFilter(_QUIET_POOL_RETRIES)  # once: same object
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             options.conninfo,
             min_size=options.pool_min,
@@ -436,6 +461,12 @@ class Pool:
             timeout=options.timeout,
             name=f"fairq:{options.schema}",
             check=self._check,
+            # psycopg_pool retries a failed connection with a doubling delay (1, 2, 4, ...
+            # s) for reconnect_timeout seconds: with its default of 5 minutes, after an
+            # outage of a minute the next attempt came up to a minute after the server was
+            # back. A chain given up after RECONNECT_CHAIN seconds ends; the next operation
+            # that needs a connection starts a new one at once.
+            reconnect_timeout=RECONNECT_CHAIN,
         )
 
     def suspect(self) -> None:
