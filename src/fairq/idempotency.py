@@ -65,6 +65,7 @@ __all__ = [
     "IdempotencyRecord",
     "IdempotencyStore",
     "IdempotentBy",
+    "InboxClaim",
     "KeptAlive",
     "KeyFunction",
     "Version",
@@ -214,6 +215,52 @@ class Claim(KeptAlive):
             raise ClaimLost(self.key)
 
 
+class InboxClaim(Claim):
+    """The claim ``claim(key, connection=conn)`` returns (PostgreSQL): the key is recorded
+    as done in the caller's transaction already, so there is no lease to keep. Its
+    :meth:`complete` stores a result, and :meth:`release` frees the key, in that same
+    transaction (on ``conn``): both commit with the caller's writes or vanish with a
+    rollback."""
+
+    __slots__ = ("connection",)
+
+    def __init__(self, store: IdempotencyStore, key: str, token: str, connection: object) -> None:
+        super().__init__(store, key, token, store.ttl)
+        self.connection = connection
+
+    async def complete(self, result: object = None) -> None:
+        """Store ``result`` with the key's record, in the caller's transaction."""
+        if self._settled is not None:
+            raise ClaimLost(self.key, f"this claim of {self.key!r} was already {self._settled}")
+        raw = encode_result(result)
+        store = self.store
+        if not await store.backend.complete_claim_in(
+            self.connection, store.namespace, self.key, self.token, raw, store.ttl
+        ):
+            self._settled = "lost"
+            raise ClaimLost(self.key)
+        self._settled = "completed"
+
+    async def release(self) -> bool:
+        """Free the key in the caller's transaction (the work will not be done); False if
+        it was already completed or released."""
+        if self._settled is not None:
+            return False
+        self._settled = "released"
+        store = self.store
+        return await store.backend.release_claim_in(
+            self.connection, store.namespace, self.key, self.token
+        )
+
+    async def extend(self, lease: float | None = None) -> None:
+        """Nothing to do: the record is kept ``ttl`` seconds after the commit."""
+        if self._settled is not None:
+            raise ClaimLost(self.key, f"this claim of {self.key!r} was already {self._settled}")
+
+    def keep_alive(self) -> None:
+        """Nothing to keep (see :meth:`extend`)."""
+
+
 class _KeepAlive:
     """Timer-driven extensions of one claim: no task exists until an extension is due,
     so short work (the common case) costs one timer."""
@@ -302,7 +349,7 @@ class IdempotencyStore:
             record = await self.backend.claim_in(
                 connection, self.namespace, key, token, self.ttl, None
             )
-            return None if record is not None else Claim(self, key, token, self.ttl)
+            return None if record is not None else InboxClaim(self, key, token, connection)
         got = await self.try_claim(key, lease, holder=holder)
         return got if isinstance(got, Claim) else None
 

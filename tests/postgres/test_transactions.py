@@ -176,6 +176,39 @@ async def test_inbox_claim_commits_or_vanishes_with_the_transaction(env: tuple) 
         assert await store.claim("evt-1", connection=conn) is None  # a duplicate
 
 
+async def test_an_inbox_claim_completes_and_releases_in_the_callers_transaction(
+    env: tuple,
+) -> None:
+    """The claim ``claim(connection=conn)`` returns stores its result, or frees its key, on
+    the caller's connection: at once, and committed or rolled back with it (through the
+    pool it waited on the caller's own uncommitted row for the pool's timeout, then failed
+    and took the caller's transaction with it)."""
+    app, other, conn = env
+    store = app.idempotency("inbox-done", ttl=3600)
+    theirs = other.idempotency("inbox-done", ttl=3600)
+    async with conn.transaction():
+        claim = await store.claim("evt-2", connection=conn)
+        assert claim is not None
+        claim.keep_alive()  # nothing to keep: the record is done already
+        await claim.extend()
+        started = time.monotonic()
+        await claim.complete({"mailed": True})
+        assert time.monotonic() - started < 2
+        with pytest.raises(fairq.ClaimLost):
+            await claim.complete()
+    record = await theirs.get("evt-2")
+    assert record is not None and record.completed
+    assert record.result == {"mailed": True}
+    async with conn.transaction():
+        claim = await store.claim("evt-3", connection=conn)
+        assert claim is not None
+        assert await claim.release()  # the work will not be done after all
+    assert await theirs.get("evt-3") is None
+    again = await theirs.claim("evt-3")
+    assert again is not None
+    await again.complete()
+
+
 async def test_sqlalchemy_async_session_and_connection(env: tuple) -> None:
     sqlalchemy = pytest.importorskip("sqlalchemy")
     from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine

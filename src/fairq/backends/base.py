@@ -629,6 +629,25 @@ class Backend(ABC):
         commits with the caller's own writes: of concurrent claims exactly one commits."""
         raise self._no_transactions("claim")
 
+    async def complete_claim_in(
+        self,
+        connection: object,
+        namespace: str,
+        key: str,
+        token: str,
+        result: bytes | None,
+        ttl: float,
+    ) -> bool:
+        """``complete_claim`` inside the caller's transaction (the inbox claim's result)."""
+        raise self._no_transactions("Claim.complete")
+
+    async def release_claim_in(
+        self, connection: object, namespace: str, key: str, token: str
+    ) -> bool:
+        """Drop the record of an inbox claim (``claim_in``) inside the caller's transaction,
+        so the key is free again once it commits; False if it is not ``token``'s."""
+        raise self._no_transactions("Claim.release")
+
     # -- counters (for engines that keep their messages elsewhere) --------------------------
     # An engine that has no counters of its own (RabbitMQ) keeps them in a store backend:
     # named integers per scope, added to atomically. Optional: a backend that cannot keep

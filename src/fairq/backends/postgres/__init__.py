@@ -691,6 +691,31 @@ class PostgresBackend(Backend):
             connection=connection,
         )
 
+    async def complete_claim_in(
+        self,
+        connection: object,
+        namespace: str,
+        key: str,
+        token: str,
+        result: bytes | None,
+        ttl: float,
+    ) -> bool:
+        now = self.now()
+        return await self.pool.run(
+            lambda cur: idempotency.complete_claim(
+                cur, self.s, namespace, key, token, result, ttl, now
+            ),
+            connection=connection,
+        )
+
+    async def release_claim_in(
+        self, connection: object, namespace: str, key: str, token: str
+    ) -> bool:
+        return await self.pool.run(
+            lambda cur: idempotency.release_claim(cur, self.s, namespace, key, token, done=True),
+            connection=connection,
+        )
+
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:
         if self._closed:

@@ -122,11 +122,14 @@ async def complete_claim(
     return cur.rowcount == 1
 
 
-async def release_claim(cur: Cursor, s: str, namespace: str, key: str, token: str) -> bool:
+async def release_claim(
+    cur: Cursor, s: str, namespace: str, key: str, token: str, done: bool = False
+) -> bool:
+    """Drop a running claim's record (``done``: an inbox claim's, recorded completed)."""
     await cur.execute(
         f"DELETE FROM {s}.idempotency WHERE namespace = %s AND key = %s AND token = %s "
-        "AND state = 0",
-        (namespace, key, token),
+        "AND state = %s",
+        (namespace, key, token, 1 if done else 0),
     )
     return cur.rowcount == 1
 
