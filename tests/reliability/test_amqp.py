@@ -283,3 +283,36 @@ async def test_a_dashboard_sees_other_processes_leases(amqp_url: str) -> None:
             s = await viewer.queue("work").stats()
         assert s.in_flight >= 3, s  # the worker's prefetched deliveries count too
         assert s.sent == 5
+
+
+async def test_a_lease_that_runs_out_while_the_store_is_away_comes_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A lease of this process runs out while its ``?store=`` is down: RabbitMQ alone gives
+    the message back (the queue's configuration last read stands in for the store's), and
+    a give-back that needs the store is tried again until it works. Before, the lease was
+    forgotten while the delivery stayed unacked on the live channel: the message was out of
+    everyone's reach until the process ended."""
+    from redis_servers import RedisServer
+
+    store = RedisServer(tmp_path, None, "--appendonly", "yes", "--appendfsync", "always").start()
+    try:
+        with rabbit_vhost() as vhost:
+            url = f"amqp://guest:guest@127.0.0.1:5672/{vhost}?store={store.url}"
+            async with await fairq.connect(url) as broker:
+                q = await broker.declare_queue("held", visibility_timeout=3)
+                await q.send(b"job")
+                (first,) = await q.receive(wait=5)
+                assert first.attempt == 1
+                await asyncio.to_thread(store.kill)
+                try:
+                    await asyncio.sleep(4.5)  # the lease ran out after the config's 2 s cache
+                finally:
+                    await asyncio.to_thread(store.start)
+                got = await q.receive(wait=10)
+                assert [m.body for m in got] == [b"job"], "the expired lease never came back"
+                assert got[0].attempt == 2
+                await got[0].ack()
+    finally:
+        store.stop()
+    assert "Traceback" not in caplog.text

@@ -49,6 +49,9 @@ class AmqpCore(Backend):
         # (deadline, receipt) of each lease; stale ones go at the top or on compaction
         self._deadlines: list[tuple[float, str]] = []
         self._deadlines_limit = heaps.COMPACT_MIN  # (heaps.push)
+        # expired leases whose give-back failed (the store away): tried again until it works
+        self._returns: list[Lease] = []
+        self._returns_failing = False  # said once per outage
         self._counts: dict[str, dict[str, int]] = {}
         self._bound: set[str] = set()  # queues bound on fairq/due in this process
         self._wheels: set[str] = set()  # delay wheels declared on this connection
@@ -74,6 +77,7 @@ class AmqpCore(Backend):
         returned them to their queues); waiters try again."""
         self._leases.clear()
         self._deadlines.clear()
+        self._returns.clear()
         for feed in self._feeds.values():
             feed.held.clear()
             feed.leases = 0
@@ -100,13 +104,26 @@ class AmqpCore(Backend):
                 raise
 
     async def _flusher(self) -> None:
+        failing = False  # said once per outage of the store
         while True:
             await asyncio.sleep(_FLUSH_EVERY)
             if self._counts:
                 try:
                     await self._flush_counts()
+                except ConnectionError as exc:
+                    if not failing:
+                        log.warning(
+                            "could not write queue counters to the store (%s); they are kept "
+                            "and written when it answers again",
+                            exc,
+                        )
+                    failing = True
                 except Exception:
                     log.warning("could not write queue counters to the store", exc_info=True)
+                else:
+                    if failing:
+                        log.info("queue counters are written to the store again")
+                    failing = False
 
     # -- options ---------------------------------------------------------------------------
     async def _config(self, name: str) -> QueueConfig:
@@ -115,7 +132,14 @@ class AmqpCore(Backend):
         now = time.monotonic()
         if hit is not None and now - hit[1] < _CONFIG_TTL:
             return hit[0]
-        config = await self.store.queue_config(name)  # QueueNotFound
+        try:
+            config = await self.store.queue_config(name)  # QueueNotFound
+        except ConnectionError:
+            if hit is None:
+                raise
+            # the store is away: the configuration last read, so that acks, nacks and
+            # expired leases, which RabbitMQ alone settles, go on meanwhile
+            return hit[0]
         self._configs[name] = (config, now)
         return config
 

@@ -63,6 +63,9 @@ class Lease:
     #: the store's receipt of the message's ticket (an attention work queue's message,
     #: ``attention.py``), settled along with the delivery; None for other queues
     ticket: str | None = None
+    #: the delivery was settled with RabbitMQ by a give-back whose store step then failed:
+    #: a retry does the store step only (``_give_back``)
+    settled: bool = False
 
 
 @dataclass(slots=True, eq=False)

@@ -209,17 +209,22 @@ class AmqpLeases(AmqpCore):
         """A delivery ended without success (nack or expired lease): visible again after
         ``delay``, or dead-lettered if it was the last allowed attempt."""
         if config.max_attempts is not None and lease.attempt >= config.max_attempts:
-            await self._dead_letter(lease, config, "max_attempts")
+            if not lease.settled:
+                await self._dead_letter(lease, config, "max_attempts")
+                lease.settled = True
             if lease.ticket is not None:
                 await self._tickets_done([lease])
         else:
-            if delay > 0:
+            if lease.settled:
+                pass  # a retry (the store step failed before): RabbitMQ has it back
+            elif delay > 0:
                 await self._copy(lease, lease.queue, lease.attempt, delay)
             elif topology.quorum(config) and not await self._classic(lease.queue):
                 lease.feed.returns(lease.message_id)
                 await self._settle(lease, "nack", requeue=True)  # to the tail, delivery count + 1
             else:
                 await self._copy(lease, lease.queue, lease.attempt, 0.0)
+            lease.settled = True
             if lease.ticket is not None:
                 await self._ticket_back(lease, delay)
         self.wakeups.notify([lease.queue])
@@ -343,10 +348,13 @@ class AmqpLeases(AmqpCore):
         return lease is not None and lease.deadline == entry[0]
 
     async def _expire_leases(self) -> None:
-        """Give back every lease of this process whose visibility timeout has run out."""
+        """Give back every lease of this process whose visibility timeout has run out. A
+        give-back that fails (the store away) is tried again at the next call, so the
+        message never stays unacked on a live channel, out of everyone's reach."""
         heap = self._deadlines
-        if not heap:
+        if not heap and not self._returns:
             return
+        expired, self._returns = self._returns, []
         now = self.clock.now()
         while heap and heap[0][0] <= now:
             deadline, receipt = heapq.heappop(heap)
@@ -354,6 +362,8 @@ class AmqpLeases(AmqpCore):
             if lease is None or lease.deadline != deadline:
                 continue  # settled, or extended (a later entry)
             self._end(receipt)
+            expired.append(lease)
+        for i, lease in enumerate(expired):
             if lease.generation != self.link.generation or not lease.feed.live():
                 continue  # its channel closed: the broker has it back already
             try:
@@ -361,8 +371,20 @@ class AmqpLeases(AmqpCore):
                 await self._give_back(lease, config, 0.0)
             except QueueNotFound:
                 continue
-            except Exception:
-                log.warning("could not return an expired lease of %s", lease.queue, exc_info=True)
+            except Exception as exc:
+                if not self._returns_failing:
+                    self._returns_failing = True
+                    log.warning(
+                        "could not return an expired lease of %s (%s); trying again every "
+                        "second until it works",
+                        lease.queue,
+                        exc,
+                    )
+                self._returns.extend(expired[i:])
+                return
+        if self._returns_failing:
+            self._returns_failing = False
+            log.info("expired leases are returned again")
 
     async def _lease_timer(self) -> None:
         """Return expired leases while nobody calls in (other processes wait for them)."""
