@@ -159,3 +159,39 @@ async def test_kill_9_of_redis_with_aof_always_loses_no_returned_send(
     assert set(per_batch.values()) == {100}, f"a batch was partly stored: {per_batch}"
     stored = {int(b) for b in per_batch}
     assert set(range(acknowledged + 1)) <= stored, "a batch that send_batch returned for is lost"
+
+
+async def test_an_outage_under_a_running_handler_is_a_few_lines_of_log(
+    server: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """While the engine is away, the worker says once that it cannot extend leases and once
+    that it cannot receive, with no tracebacks, and says when the engine answers again
+    (before: three chained tracebacks at every extension, every half lease)."""
+    caplog.set_level("INFO", logger="fairq")
+    async with await fairq.connect(_url(server)) as broker:
+        q = await broker.declare_queue("long", visibility_timeout=2)
+        started, done = asyncio.Event(), asyncio.Event()
+        worker = fairq.Worker(broker, concurrency=2, handle_signals=False, poll_wait=0.2)
+
+        @worker.queue("long")
+        async def handle(msg: fairq.Received) -> None:
+            started.set()
+            await asyncio.sleep(6)  # extended every half second while it runs
+            done.set()
+
+        task = asyncio.create_task(worker.run())
+        try:
+            await q.send(b"slow")
+            await asyncio.wait_for(started.wait(), 10)
+            server.kill()
+            await asyncio.sleep(3)
+            server.start()
+            await asyncio.wait_for(done.wait(), 15)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 10)
+    text = caplog.text
+    assert "Traceback" not in text
+    assert text.count("could not extend leases") == 1, text
+    assert text.count("cannot be reached") == 1, text
+    assert "answers again" in text

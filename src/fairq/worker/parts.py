@@ -126,3 +126,4 @@ class _Running:
     lease_until: float
     task: asyncio.Task[None] | None = None
     settled: bool = False  # an ack, nack or dead letter is on its way: extend it no more
+    lost: bool = False  # its lease was found gone while it ran: said once, extended no more

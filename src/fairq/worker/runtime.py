@@ -87,6 +87,8 @@ class Runtime:
         self._tasks: list[asyncio.Task[None]] = []
         self._error: Exception | None = None
         self._outage_wait = 0.0  # seconds between tries while the engine is unreachable
+        self._outage_since = 0.0  # loop time the engine was first found unreachable
+        self._extend_failing = False  # lease extensions fail for want of the engine
         self._push: _PushSettings | None = None
         self._domains: dict[str, _Consumer] = {}
         self._slices: dict[str, _SliceRun] = {}
@@ -333,7 +335,12 @@ class Runtime:
             except BaseException:
                 await self._give_slots(c, n)
                 raise
-            self._outage_wait = 0.0
+            if self._outage_wait:
+                self._outage_wait = 0.0
+                log.info(
+                    "the backend answers again (away for %.1f s)",
+                    asyncio.get_running_loop().time() - self._outage_since,
+                )
             if len(msgs) < n:
                 await self._give_slots(c, n - len(msgs))
             if not msgs:
@@ -355,6 +362,7 @@ class Runtime:
     async def _outage(self, exc: BaseException) -> None:
         """Wait a little longer each time the engine cannot be reached (up to 1 s)."""
         if not self._outage_wait:
+            self._outage_since = asyncio.get_running_loop().time()
             log.warning("the backend cannot be reached (%s); retrying until it is back", exc)
         self._outage_wait = min(1.0, max(0.05, self._outage_wait * 2))
         assert self._stopping is not None
@@ -584,20 +592,33 @@ class Runtime:
             now = loop.time()
             due: dict[str, list[_Running]] = {}
             for run in list(self._running.values()):
-                if not run.settled and run.lease_until - now < run.consumer.lease / 2:
+                if (
+                    not run.settled
+                    and not run.lost
+                    and run.lease_until - now < run.consumer.lease / 2
+                ):
                     due.setdefault(run.msg.queue, []).append(run)
             for name, runs in due.items():
                 lease = runs[0].consumer.lease
                 try:
                     q = queue_of(runs[0].msg)
                     lost = set(await q.extend_batch([r.msg.receipt for r in runs], lease))
+                except ConnectionError as exc:  # the engine is away: said once per outage
+                    if not self._extend_failing:
+                        self._extend_failing = True
+                        log.warning("could not extend leases on %s: %s", name, exc)
+                    continue
                 except Exception:
                     log.warning("could not extend leases on %s", name, exc_info=True)
                     continue
+                if self._extend_failing:
+                    self._extend_failing = False
+                    log.info("leases are extended again")
                 until = loop.time() + lease
                 for r in runs:
                     # an ack (nack, dead letter) that landed before the extension is no loss
                     if r.msg.receipt in lost and not r.settled:
+                        r.lost = True
                         log.warning(
                             "lease of message %s on %s is lost while it runs", r.msg.id, name
                         )

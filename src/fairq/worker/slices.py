@@ -158,6 +158,11 @@ class SliceRuntime(Runtime):
                 assert sr.consumer.attention is not None
                 try:
                     kept = await sr.consumer.attention._extend(sr.slice)
+                except ConnectionError as exc:  # the engine is away: said once per outage
+                    if not self._extend_failing:
+                        self._extend_failing = True
+                        log.warning("could not extend a slice token: %s", exc)
+                    continue
                 except Exception:
                     log.warning("could not extend a slice token", exc_info=True)
                     continue
