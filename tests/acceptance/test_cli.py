@@ -151,6 +151,28 @@ def test_subscribe_keeps_the_queue_options_of_the_subscription_it_updates(
 
 
 @pytest.mark.parametrize(
+    "args", [["topics"], ["subscribe", "events", "sms"], ["attention", "market"]]
+)
+def test_commands_without_a_server_path_refuse_fairq_server(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """With FAIRQ_SERVER set they would have opened ./fairq.db instead, quietly."""
+    env = {k: v for k, v in os.environ.items() if k != "FAIRQ_URL"}
+    env["FAIRQ_SERVER"] = "http://127.0.0.1:9"
+    proc = subprocess.run(
+        [sys.executable, "-m", "fairq", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "FAIRQ_SERVER is set" in " ".join(proc.stderr.split())
+    assert not (tmp_path / "fairq.db").exists()
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["send", "jobs", "x", "--count", "0"],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -81,6 +82,17 @@ async def _open(url: str | None, server: str | None, api_key: str | None) -> Bro
             ) from exc
         return Client(server, api_key)
     return await connect(url)
+
+
+def no_server(url: str | None, command: str) -> None:
+    """For a command that cannot go through a server: with ``$FAIRQ_SERVER`` set and no
+    ``--url`` (nor ``$FAIRQ_URL``), stop rather than quietly open ``./fairq.db``."""
+    if url is None and os.environ.get("FAIRQ_SERVER"):
+        fail(
+            f"fairq {command} does not go through a server yet, and FAIRQ_SERVER is set: "
+            "give the backend with --url (or FAIRQ_URL), or unset FAIRQ_SERVER",
+            2,
+        )
 
 
 def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -22,6 +22,7 @@ from .app import (
     _run,
     app,
     console,
+    no_server,
 )
 from .tables import Col, fitted, folded
 
@@ -131,6 +132,7 @@ def attention(
 ) -> None:
     """Show an attention domain: counters, tenants' shares and the busiest keys (live with
     --watch)."""
+    no_server(url, "attention")
 
     async def main() -> None:
         async with await connect(url) as broker:

@@ -27,6 +27,7 @@ from .app import (
     _run,
     app,
     console,
+    no_server,
 )
 from .tables import Col, fitted
 
@@ -86,6 +87,7 @@ def subscribe(
 ) -> None:
     """Create (or update) a subscription of a topic. Updating, an option left out keeps the
     subscription's current value; --filter "" and --push "" remove them."""
+    no_server(url, "subscribe")
     import dataclasses
     import json
 
@@ -170,6 +172,7 @@ def json_compact(value: Any) -> str:
 @app.command()
 def topics(url: UrlOption = None) -> None:
     """Show topics, their subscriptions, filters, routing and queue depths."""
+    no_server(url, "topics")
 
     async def main() -> None:
         async with await connect(url) as broker:
