@@ -188,8 +188,9 @@ class WaitingRoom:
 
     # -- admission -------------------------------------------------------------------------
     async def admit(self, n: int) -> int:
-        """Admit the next ``n`` fans at once, whatever the rate (an operator's lever);
-        return how many were waiting to be admitted. Nothing before the room opens."""
+        """Admit the next ``n`` fans at once, whatever the rate and ``max_active`` (an
+        operator's lever: the active count may stand above the cap until tokens are used or
+        expire); return how many were admitted. Nothing before the room opens."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
             raise InvalidOption(f"n must be an integer >= 0, got {n!r}")
         return await self.backend.room_admit(self.name, n)
