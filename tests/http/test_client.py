@@ -206,6 +206,21 @@ async def test_idempotency_and_versions_through_the_client(client: Client) -> No
         await gate.advance("u-2", datetime(2026, 3, 1, 10))  # naive: no time zone
 
 
+async def test_values_the_server_refuses_raise_invalid_option(client: Client) -> None:
+    """As in-process, where each of these is an InvalidOption (a ValueError)."""
+    q = await client.declare_queue("strict")
+    calls = (
+        q.receive(max_messages=0),
+        q.receive(wait=-1),
+        q.peek(0),
+        client.declare_queue("bad-vt", visibility_timeout=-1),
+    )
+    for call in calls:
+        with pytest.raises(fairq.InvalidOption) as caught:
+            await call
+        assert isinstance(caught.value, ValueError) and caught.value.status in (400, 422)
+
+
 async def test_a_remote_once_keeps_its_claim_while_the_block_runs(client: Client) -> None:
     """As in-process: a block longer than the lease keeps the key (the claim is extended),
     so a second claimer does not run the work beside it."""

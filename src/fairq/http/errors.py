@@ -121,10 +121,23 @@ class RemoteError(e.FairqError):
         self.code = code
 
 
+class RemoteInvalid(RemoteError, e.InvalidOption):
+    """The server refused the request's values (``validation_error``, ``invalid``,
+    ``bad_request``): an ``InvalidOption`` (so a ``ValueError``), as the same call raises
+    in-process, with the answer's ``status`` and ``code``."""
+
+
+#: error codes of a request whose values the server refused
+_INVALID = frozenset({"validation_error", "invalid", "bad_request"})
+
+
 def exception_from(status: int, code: str, detail: str) -> e.FairqError:
     """The fairq exception a client raises for an error answer: the class the server
-    mapped to ``code`` (its message is the server's ``detail``), else ``RemoteError``."""
+    mapped to ``code`` (its message is the server's ``detail``), ``RemoteInvalid`` for
+    values it refused, else ``RemoteError``."""
     cls = _BY_CODE.get(code)
+    if code in _INVALID and (cls is None or cls is e.FairqError):
+        return RemoteInvalid(status, code, detail)
     if cls is None or cls is e.FairqError:
         return RemoteError(status, code, detail)
     exc = cls.__new__(cls)  # skip the class's own __init__: the server already wrote it
