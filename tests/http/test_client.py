@@ -206,6 +206,34 @@ async def test_idempotency_and_versions_through_the_client(client: Client) -> No
         await gate.advance("u-2", datetime(2026, 3, 1, 10))  # naive: no time zone
 
 
+async def test_a_remote_send_to_a_full_blocking_queue_waits_as_in_process(
+    client: Client,
+) -> None:
+    """timeout=None waits for room however long it takes, and a timeout above the server's
+    20 s per request is several requests; a reject queue still refuses at once."""
+    import asyncio
+
+    q = await client.declare_queue("narrow", max_length=1, overflow="block")
+    await q.send(b"first")
+    blocked = asyncio.create_task(q.send(b"second"))  # timeout=None
+    await asyncio.sleep(0.5)
+    assert not blocked.done(), "a send with timeout=None gave up on a full blocking queue"
+    (m,) = await q.receive()
+    await m.ack()
+    await asyncio.wait_for(blocked, 10)
+    later = asyncio.create_task(q.send(b"third", timeout=30))  # above the server's 20 s
+    await asyncio.sleep(0.3)
+    (m,) = await q.receive()
+    await m.ack()
+    await asyncio.wait_for(later, 10)
+    strict = await client.declare_queue("strict-full", max_length=1, overflow="reject")
+    await strict.send(b"x")
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(fairq.QueueFull):
+        await strict.send(b"y")
+    assert asyncio.get_running_loop().time() - started < 5
+
+
 async def test_values_the_server_refuses_raise_invalid_option(client: Client) -> None:
     """As in-process, where each of these is an InvalidOption (a ValueError)."""
     q = await client.declare_queue("strict")

@@ -6,6 +6,7 @@ twins (:class:`fairq.Queue`, :class:`fairq.Topic`, :class:`fairq.Attention`,
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import fields
@@ -15,7 +16,7 @@ import httpx
 import orjson
 
 from ..attention import AttentionStats, KeyStats, TenantStats
-from ..errors import ConnectionError, LeaseLost
+from ..errors import ConnectionError, LeaseLost, QueueFull
 from ..message import Outgoing, Received
 from ..pubsub import PublishResult, TopicStats
 from ..queue import QueueConfig, QueueStats
@@ -59,6 +60,39 @@ def _outgoing(m: Outgoing, topic: bool = False) -> dict[str, Any]:
         if m.group is not None:
             out["group"] = m.group
     return out
+
+
+#: seconds one request may wait for room in a full ``overflow="block"`` queue (the server's
+#: ``max_wait``): a longer ``timeout``, or None, is several such requests
+_WAIT_CAP = 20.0
+
+
+async def _sending(
+    client: Client,
+    path: str,
+    items: list[dict[str, Any]],
+    timeout: float | None,
+    headers: Mapping[str, str] | None = None,
+) -> Any:
+    """POST a batch of messages to ``path``, waiting up to ``timeout`` seconds (None: as
+    long as it takes) for room in a full blocking queue, as in-process. The server waits
+    at most ``_WAIT_CAP`` per request; a ``QueueFull`` that comes back after waiting its
+    whole time stored nothing (a batch is all or none), so the next request is safe. One
+    that comes back at once is a queue that refuses (``reject``): raised."""
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout is None else loop.time() + max(0.0, timeout)
+    while True:
+        wait = _WAIT_CAP if deadline is None else min(_WAIT_CAP, max(0.0, deadline - loop.time()))
+        started = loop.time()
+        try:
+            return await client.request(
+                "POST", path, {"messages": items, "timeout": wait}, wait=wait, headers=headers
+            )
+        except QueueFull:
+            waited = loop.time() - started
+            more = deadline is None or deadline - loop.time() > 0.05
+            if wait <= 0 or waited < 0.9 * wait or not more:
+                raise
 
 
 def _key_header(idempotency_key: str | None) -> dict[str, str] | None:
@@ -173,9 +207,12 @@ class RemoteQueue(_RemoteHandle):
         items = [_outgoing(m) for m in messages]
         if not items:
             return []
-        body = {"messages": items, "timeout": timeout or 0.0}
-        data = await self._post(
-            "messages", body, wait=timeout or 0.0, headers=_key_header(idempotency_key)
+        data = await _sending(
+            self._client,
+            f"/v1/queues/{self.name}/messages",
+            items,
+            timeout,
+            _key_header(idempotency_key),
         )
         return list(data["ids"])
 
@@ -294,12 +331,12 @@ class RemoteTopic(_RemoteHandle):
         items = [_outgoing(m, topic=True) for m in messages]
         if not items:
             return []
-        data = await self._client.request(
-            "POST",
+        data = await _sending(
+            self._client,
             f"/v1/topics/{self.name}/messages",
-            {"messages": items, "timeout": timeout or 0.0},
-            wait=timeout or 0.0,
-            headers=_key_header(idempotency_key),
+            items,
+            timeout,
+            _key_header(idempotency_key),
         )
         return [
             PublishResult(r["message_id"], r["subscriptions"], r.get("duplicate", False))
@@ -427,11 +464,8 @@ class RemoteAttention(_RemoteHandle):
         items = [_outgoing(m) for m in messages]
         if not items:
             return []
-        data = await self._client.request(
-            "POST",
-            f"/v1/attention/{self.name}/keys/{key}/messages",
-            {"messages": items, "timeout": timeout or 0.0},
-            wait=timeout or 0.0,
+        data = await _sending(
+            self._client, f"/v1/attention/{self.name}/keys/{key}/messages", items, timeout
         )
         return list(data["ids"])
 
