@@ -78,6 +78,39 @@ def test_a_second_serve_on_a_busy_port_says_so_before_any_banner(tmp_path: Path)
         assert httpx.get(f"{url}/v1/queues").status_code == 200, "the first one still serves"
 
 
+def test_a_stop_answers_the_requests_that_wait_with_a_503_at_once(tmp_path: Path) -> None:
+    """SIGTERM while a long poll waits: the poll gets ``503 shutting_down`` (JSON, with
+    Retry-After) at once, not a plain-text 500 after the shutdown's grace period."""
+    import signal
+    import threading
+    import time
+
+    with fairq_serve(tmp_path) as (url, proc):
+        assert httpx.put(f"{url}/v1/queues/idle", json={}).status_code in (200, 201)
+        answers: list[httpx.Response] = []
+
+        def poll() -> None:
+            answers.append(
+                httpx.post(f"{url}/v1/queues/idle/receive", json={"wait": 15}, timeout=30)
+            )
+
+        waiter = threading.Thread(target=poll)
+        waiter.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        waiter.join(20)
+        took = time.monotonic() - started
+        (answer,) = answers
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"] == "shutting_down"
+        assert answer.headers["retry-after"] == "1"
+        assert took < 2.5, f"the long poll was answered {took:.1f} s after SIGTERM"
+        proc.wait(10)
+    assert proc.stdout is not None
+    assert "Traceback" not in proc.stdout.read()
+
+
 def test_serve_with_keys(tmp_path: Path) -> None:
     with fairq_serve(tmp_path, env={"FAIRQ_API_KEYS": f"{ADMIN}:admin"}) as (url, _):
         assert httpx.get(f"{url}/v1/queues").status_code == 401

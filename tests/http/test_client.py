@@ -234,6 +234,17 @@ async def test_a_remote_send_to_a_full_blocking_queue_waits_as_in_process(
     assert asyncio.get_running_loop().time() - started < 5
 
 
+def test_a_server_that_stops_or_is_busy_is_a_connection_error() -> None:
+    """503 shutting_down and server_busy: nothing was done, retry, as for an engine that
+    is away (fairq.ConnectionError), and still a RemoteError with its status and code."""
+    from fairq.http.errors import RemoteError, exception_from
+
+    for code in ("shutting_down", "server_busy"):
+        exc = exception_from(503, code, "retry")
+        assert isinstance(exc, fairq.ConnectionError) and isinstance(exc, RemoteError)
+        assert (exc.status, exc.code) == (503, code)
+
+
 async def test_values_the_server_refuses_raise_invalid_option(client: Client) -> None:
     """As in-process, where each of these is an InvalidOption (a ValueError)."""
     q = await client.declare_queue("strict")

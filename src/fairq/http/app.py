@@ -53,7 +53,7 @@ from .nesting import MAX_DEPTH, too_deep
 from .openapi import openapi
 from .sampler import Sampler
 from .session import SESSION_TTL, Sessions
-from .waiting import MAX_WAITING, Holding, WaitSlots, may_wait, waits
+from .waiting import MAX_WAITING, Holding, ShuttingDown, WaitSlots, may_wait, waits
 
 __all__ = ["BodyLimit", "create_app", "error_response"]
 
@@ -142,7 +142,16 @@ def endpoint(
                         {"Retry-After": "1"},
                     )
                 try:
-                    result = await route.handler(call)
+                    result = await waiting.run(route.handler(call))
+                except ShuttingDown:
+                    waiting.give()
+                    return error_response(
+                        503,
+                        "shutting_down",
+                        "the server is shutting down; nothing was received or stored by "
+                        "this request: retry",
+                        {"Retry-After": "1"},
+                    )
                 except BaseException:
                     waiting.give()
                     raise
@@ -472,4 +481,5 @@ def create_app(
     # outside the body limit: a refused request is never read
     app.add_middleware(BrowserGuard, hosts=host_policy, exempt=[ROOMS_PREFIX])
     app.add_middleware(RequestTimer, metrics=metrics)
+    app.state.stop_waiting = waiting.close  # serve() calls it when a stop signal comes
     return app

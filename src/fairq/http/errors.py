@@ -82,6 +82,7 @@ PROTOCOL_ERRORS: dict[str, int] = {
     "unsupported_media_type": 415,
     "validation_error": 422,  # the JSON does not fit the operation's schema
     "server_busy": 503,  # too many streams, long polls and blocked sends at once
+    "shutting_down": 503,  # a long poll or blocked send when the server began to stop
     "room_secret_missing": 503,  # a room made with secret= this server was not given
 }
 
@@ -127,8 +128,15 @@ class RemoteInvalid(RemoteError, e.InvalidOption):
     in-process, with the answer's ``status`` and ``code``."""
 
 
+class RemoteUnavailable(RemoteError, e.ConnectionError):
+    """The server is stopping or has too many requests waiting (``503 shutting_down``,
+    ``server_busy``): nothing was done; like an engine that is away, retry shortly."""
+
+
 #: error codes of a request whose values the server refused
 _INVALID = frozenset({"validation_error", "invalid", "bad_request"})
+#: error codes of a request the server did not do for want of room or time: retry
+_UNAVAILABLE = frozenset({"shutting_down", "server_busy"})
 
 
 def exception_from(status: int, code: str, detail: str) -> e.FairqError:
@@ -138,6 +146,8 @@ def exception_from(status: int, code: str, detail: str) -> e.FairqError:
     cls = _BY_CODE.get(code)
     if code in _INVALID and (cls is None or cls is e.FairqError):
         return RemoteInvalid(status, code, detail)
+    if code in _UNAVAILABLE:
+        return RemoteUnavailable(status, code, detail)
     if cls is None or cls is e.FairqError:
         return RemoteError(status, code, detail)
     exc = cls.__new__(cls)  # skip the class's own __init__: the server already wrote it

@@ -16,6 +16,7 @@ import logging
 import re
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InvalidOption
 from ..message import check_name
@@ -184,5 +185,11 @@ def serve(options: ServeOptions, sock: socket.socket | None = None) -> None:
         server_header=False,
         forwarded_allow_ips=options.forwarded_allow_ips,
     )
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            app.state.stop_waiting()  # long polls and blocked sends answer 503 now
+            super().handle_exit(sig, frame)
+
     with sock:
-        uvicorn.Server(config).run(sockets=[sock])
+        Server(config).run(sockets=[sock])

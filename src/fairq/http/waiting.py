@@ -10,13 +10,21 @@ not wait (``wait`` 0, ``timeout`` 0, everything else) are never counted nor refu
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-__all__ = ["MAX_WAITING", "Holding", "WaitSlots", "may_wait", "waits"]
+__all__ = ["MAX_WAITING", "Holding", "ShuttingDown", "WaitSlots", "may_wait", "waits"]
+
+T = TypeVar("T")
+
+
+class ShuttingDown(Exception):
+    """The server began to stop while the request waited (``WaitSlots.run``)."""
+
 
 #: the default most requests waiting at once in one server
 MAX_WAITING = 100
@@ -47,6 +55,34 @@ class WaitSlots:
             raise ValueError(f"max_waiting must be an integer >= 1, got {limit!r}")
         self.limit = limit
         self.used = 0
+        self.closing = asyncio.Event()  # set when the server begins to stop (``close``)
+
+    def close(self) -> None:
+        """The server begins to stop: the requests that wait end now (``run``), instead of
+        being cut off after the shutdown's grace period with an error the client cannot read.
+        """
+        self.closing.set()
+
+    async def run(self, work: Awaitable[T]) -> T:
+        """Await a waiting request's ``work``; if the server begins to stop first, cancel it
+        and raise :class:`ShuttingDown` — unless it finished meanwhile (its answer stands).
+        A long poll cancelled so holds no message (a lease taken at that very moment comes
+        back when it runs out: at-least-once); a blocked send stores nothing."""
+        task = asyncio.ensure_future(work)
+        if not self.closing.is_set():
+            closing = asyncio.ensure_future(self.closing.wait())
+            try:
+                await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closing.cancel()
+        if not task.done():
+            task.cancel()
+        try:
+            return await task
+        except asyncio.CancelledError:
+            if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                raise
+            raise ShuttingDown from None
 
     def take(self) -> bool:
         """Take a slot; False when all ``limit`` are taken."""
