@@ -111,6 +111,33 @@ def test_a_stop_answers_the_requests_that_wait_with_a_503_at_once(tmp_path: Path
     assert "Traceback" not in proc.stdout.read()
 
 
+def test_a_batch_over_max_body_says_so_in_the_client(tmp_path: Path) -> None:
+    """The server refuses it from its Content-Length and closes the connection: the client
+    says the body may be over --max-body (a 413 it could read), not that the server cannot
+    be reached."""
+    import asyncio
+
+    import fairq
+    from fairq.http import Client
+    from fairq.http.errors import RemoteError
+
+    async def send(url: str) -> BaseException:
+        async with Client(url) as client:
+            q = await client.declare_queue("big")
+            try:
+                await q.send_batch([fairq.Outgoing(b"x" * 200_000) for _ in range(20)])
+            except (fairq.ConnectionError, RemoteError) as exc:
+                return exc
+        raise AssertionError("a 4 MB batch passed a 64 KiB --max-body")
+
+    with fairq_serve(tmp_path, "--max-body", "65536") as (url, _):
+        exc = asyncio.run(send(url))
+    if isinstance(exc, RemoteError):
+        assert exc.status == 413 and "--max-body" in str(exc)
+    else:
+        assert "--max-body" in str(exc), str(exc)
+
+
 def test_serve_with_keys(tmp_path: Path) -> None:
     with fairq_serve(tmp_path, env={"FAIRQ_API_KEYS": f"{ADMIN}:admin"}) as (url, _):
         assert httpx.get(f"{url}/v1/queues").status_code == 401

@@ -258,8 +258,13 @@ class BodyLimit:
 
 
 async def _refuse(send: Send, limit: int, declared: int | None) -> None:
-    size = f"{declared} bytes" if declared is not None else "more"
-    body = m.encode(m.Error("body_too_large", f"the request body is {size}; the limit is {limit}"))
+    size = f"{declared} bytes" if declared is not None else f"over {limit} bytes"
+    body = m.encode(
+        m.Error(
+            "body_too_large",
+            f"the request body is {size}; the limit is {limit} bytes (the server's --max-body)",
+        )
+    )
     await send(
         {
             "type": "http.response.start",

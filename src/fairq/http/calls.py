@@ -36,9 +36,15 @@ __all__ = [
 ]
 
 
+#: bytes of JSON a message takes besides its body (fields, quotes, separators), counted
+#: per message in the default body limit
+_MESSAGE_OVERHEAD = 1024
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """What one request may ask for. ``max_body`` None: ``max_message_bytes × max_batch``."""
+    """What one request may ask for. ``max_body`` None: room for ``max_batch`` messages of
+    ``max_message_bytes`` sent as base64 (4/3 of their size) with their JSON around them."""
 
     max_batch: int = 100
     max_wait: float = 20.0
@@ -46,7 +52,11 @@ class Limits:
     max_body: int | None = None
 
     def body_limit(self, max_message_bytes: int) -> int:
-        return self.max_body if self.max_body is not None else max_message_bytes * self.max_batch
+        if self.max_body is not None:
+            return self.max_body
+        # a binary body travels as base64; attributes and the message's JSON fields around it
+        per_message = -(-max_message_bytes * 4 // 3) + _MESSAGE_OVERHEAD
+        return per_message * self.max_batch
 
     def value(self, name: str) -> float:
         return float(getattr(self, name))

@@ -117,6 +117,16 @@ class Client:
                 f"{self.timeout + wait:g} s"
             ) from exc
         except httpx.TransportError as exc:
+            if content is not None and isinstance(
+                exc, httpx.WriteError | httpx.ReadError | httpx.RemoteProtocolError
+            ):
+                # a server refuses a body over its limit from Content-Length and closes the
+                # connection before reading it: the client may fail writing, not reading
+                raise ConnectionError(
+                    f"the fairq server at {self.url} closed the connection while a "
+                    f"{len(content)}-byte request was sent (a body over the server's "
+                    f"--max-body is refused that way), or it went away: {exc!r}"
+                ) from exc
             raise ConnectionError(f"cannot reach the fairq server at {self.url}: {exc}") from exc
         if response.status_code == 204:
             return None

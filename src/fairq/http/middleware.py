@@ -27,7 +27,7 @@ Streamed responses are passed through as they come and stored whole up to
 ``max_response_bytes``; a larger one is not stored, yet its key is completed (the work
 is not run again): a repeat gets ``409`` saying the response was too large to keep.
 The request body is read whole before the app runs (its hash is the fingerprint), up to
-``max_body`` bytes (by default ``fairq serve``'s own limit, 25 MiB): a larger one is
+``max_body`` bytes (25 MiB by default): a larger one is
 refused with ``413`` from its ``Content-Length``, or as soon as the bytes read pass the
 limit — never buffered whole.
 
@@ -162,8 +162,8 @@ class IdempotencyMiddleware:
     account), so that one client can never replay another's response with a guessed key
     — by default, and when it returns None, the hash of the request's credentials
     (``Authorization``, ``X-API-Key``, ``Cookie``; requests with none share one space).
-    ``max_body``: the largest request body read (``413`` beyond; default 25 MiB, as
-    ``fairq serve``). ``docs_url`` is linked from error answers (problem ``type`` and a
+    ``max_body``: the largest request body read (``413`` beyond; default 25 MiB).
+    ``docs_url`` is linked from error answers (problem ``type`` and a
     ``Link`` header).
     """
 
