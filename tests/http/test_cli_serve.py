@@ -138,6 +138,33 @@ def test_a_batch_over_max_body_says_so_in_the_client(tmp_path: Path) -> None:
         assert "--max-body" in str(exc), str(exc)
 
 
+def test_a_listener_whose_server_dies_raises_a_connection_error(tmp_path: Path) -> None:
+    import asyncio
+    import signal
+
+    import fairq
+    from fairq.http import Client
+
+    async def listen(url: str, proc: subprocess.Popen[str]) -> BaseException:
+        async with Client(url) as client:
+            topic = await client.declare_topic("live")
+            listener = topic.listen()
+            first = asyncio.create_task(listener.__anext__())
+            await asyncio.sleep(0.3)
+            await topic.publish({"n": 1})
+            assert (await asyncio.wait_for(first, 5)).json() == {"n": 1}
+            proc.send_signal(signal.SIGKILL)
+            try:
+                await asyncio.wait_for(listener.__anext__(), 10)
+            except fairq.ConnectionError as exc:
+                return exc
+        raise AssertionError("the stream went on without its server")
+
+    with fairq_serve(tmp_path) as (url, proc):
+        exc = asyncio.run(listen(url, proc))
+    assert "stream" in str(exc)
+
+
 def test_serve_with_keys(tmp_path: Path) -> None:
     with fairq_serve(tmp_path, env={"FAIRQ_API_KEYS": f"{ADMIN}:admin"}) as (url, _):
         assert httpx.get(f"{url}/v1/queues").status_code == 401

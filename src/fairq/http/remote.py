@@ -398,8 +398,18 @@ class RemoteListener:
             await response.aread()
             data = orjson.loads(response.content)
             raise exception_from(response.status_code, data["error"], data.get("detail", ""))
-        event, data_lines = "message", list[str]()
         queue = RemoteQueue(self._client, self._path.split("/")[3])
+        try:
+            async for message in self._parse(response, queue):
+                yield message
+        except httpx.TransportError as exc:  # the server went away mid-stream
+            raise ConnectionError(
+                f"the stream from the fairq server at {self._client.url} broke: {exc!r}"
+            ) from exc
+
+    async def _parse(self, response: httpx.Response, queue: RemoteQueue) -> AsyncIterator[Received]:
+        """The messages of an SSE stream (``event``/``data`` lines, blank line ends one)."""
+        event, data_lines = "message", list[str]()
         async for line in response.aiter_lines():
             if line.startswith(":"):
                 continue
