@@ -63,7 +63,11 @@ async def test_topics_and_attention_through_the_client(client: Client) -> None:
     results = await t.publish_batch([fairq.Outgoing(1, routing_key="x")])
     assert results[0].subscriptions == []
     assert (await t.stats()).published == 2
-    assert [s["name"] for s in await t.subscriptions()] == ["sms"]
+    subs = await t.subscriptions()
+    assert [s.name for s in subs] == ["sms"]
+    assert isinstance(subs[0], fairq.Subscription) and subs[0].queue == t.name + ".sms"
+    with pytest.raises(fairq.InvalidMessage):  # as in-process: queues take priorities
+        await t.publish_batch([fairq.Outgoing("x", priority=3)])
     assert await client.list_topics() == ["orders"]
     assert await t.unsubscribe("sms") is True and await t.unsubscribe("sms") is False
     with pytest.raises(fairq.InvalidFilter):

@@ -16,8 +16,9 @@ import httpx
 import orjson
 
 from ..attention import AttentionStats, KeyStats, TenantStats
-from ..errors import ConnectionError, LeaseLost, QueueFull
+from ..errors import ConnectionError, InvalidMessage, LeaseLost, QueueFull
 from ..message import Outgoing, Received
+from ..model.topics import Subscription
 from ..pubsub import PublishResult, TopicStats
 from ..queue import QueueConfig, QueueStats
 from .errors import RemoteError, exception_from
@@ -52,6 +53,8 @@ def _outgoing(m: Outgoing, topic: bool = False) -> dict[str, Any]:
     if m.dedup_id is not None:
         out["dedup_id"] = m.dedup_id
     if topic:
+        if m.priority or m.group is not None:  # as in-process (queue.make_envelopes)
+            raise InvalidMessage("publish does not take group or priority (queues do)")
         if m.routing_key:
             out["routing_key"] = m.routing_key
     else:
@@ -295,10 +298,15 @@ class RemoteTopic(_RemoteHandle):
             raise
         return True
 
-    async def subscriptions(self) -> list[dict[str, Any]]:
-        """The topic's subscriptions (topic, name, queue, filter, routing, push)."""
+    async def subscriptions(self) -> list[Subscription]:
+        """The topic's subscriptions, sorted by name, as in-process."""
         data = await self._client.request("GET", f"/v1/topics/{self.name}/subscriptions")
-        return list(data["subscriptions"])
+        return [
+            Subscription(
+                s["topic"], s["name"], s["queue"], s.get("filter"), s.get("routing"), s.get("push")
+            )
+            for s in data["subscriptions"]
+        ]
 
     async def publish(
         self,
