@@ -418,6 +418,20 @@ async def test_advance_is_true_only_for_a_greater_version(broker: fairq.Broker) 
     assert await gate.current("e") == max(versions)
 
 
+async def test_integers_and_floats_compare_exactly_beyond_53_bits(broker: fairq.Broker) -> None:
+    """2**53 + 1 is greater than the float 2**53 although they are the same double."""
+    gate = broker.versions("precise")
+    assert await gate.advance("e", float(2**53))
+    assert not await gate.advance("e", 2**53), "equal to the stored float"
+    assert await gate.advance("e", 2**53 + 1)
+    assert not await gate.advance("e", float(2**53)), "below the stored integer"
+    assert await gate.advance("e", float(2**53 + 2))
+    assert await gate.current("e") == float(2**53 + 2)
+    assert await gate.advance("n", -0.0)
+    assert not await gate.advance("n", 0), "0 is not greater than -0.0"
+    assert await gate.advance("n", 1)
+
+
 async def test_event_times_as_versions(broker: fairq.Broker) -> None:
     gate = broker.versions("event-time")
     t0 = datetime(2024, 1, 1, 12, 0, 0, tzinfo=UTC)
