@@ -165,6 +165,21 @@ def test_a_listener_whose_server_dies_raises_a_connection_error(tmp_path: Path) 
     assert "stream" in str(exc)
 
 
+def test_the_cli_keeps_to_the_servers_batch_limit(tmp_path: Path) -> None:
+    """send --count and receive --max above the server's --max-batch go in requests it
+    takes (they failed with 422 at the first request)."""
+    with fairq_serve(tmp_path, "--max-batch", "10") as (url, _):
+        env = {"FAIRQ_SERVER": url}
+        out = fairq("send", "jobs", "x", "--count", "25", cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr
+        assert httpx.get(f"{url}/v1/queues/jobs").json()["stats"]["visible"] == 25
+        out = fairq("receive", "jobs", "--max", "23", cwd=tmp_path, env=env)
+        assert out.returncode == 0, out.stderr
+        assert "jobs: 23 message(s)" in out.stdout
+        stats = httpx.get(f"{url}/v1/queues/jobs").json()["stats"]
+        assert (stats["visible"], stats["acked"]) == (2, 23)
+
+
 def test_serve_with_keys(tmp_path: Path) -> None:
     with fairq_serve(tmp_path, env={"FAIRQ_API_KEYS": f"{ADMIN}:admin"}) as (url, _):
         assert httpx.get(f"{url}/v1/queues").status_code == 401

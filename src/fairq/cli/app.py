@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -93,6 +94,15 @@ def no_server(url: str | None, command: str) -> None:
             "give the backend with --url (or FAIRQ_URL), or unset FAIRQ_SERVER",
             2,
         )
+
+
+def smaller_batch(exc: FairqError) -> int | None:
+    """The batch size a server asks for when it refused a larger one (its ``max_batch``,
+    from ``422 at most N items per request``: nothing was done), else None."""
+    found = re.search(r"at most (\d+) items per request", str(exc))
+    if found is None or getattr(exc, "status", None) != 422:
+        return None
+    return max(1, int(found.group(1)))
 
 
 def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.live import Live
 from rich.table import Table
 
 from ..broker import Broker
-from ..errors import QueueNotFound
+from ..errors import FairqError, QueueNotFound
+from ..message import Received
 from ..queue import QueueStats
 
 if TYPE_CHECKING:
@@ -35,6 +36,7 @@ from .app import (
     console,
     err_console,
     fail,
+    smaller_batch,
 )
 from .tables import Col, fitted
 
@@ -88,20 +90,28 @@ def send(
                 console.print(await q.send(data, attrs, delay, priority, group, dedup_id))
                 return
             sent = 0
+            batch = 100
             try:
                 with _progress() as progress:
                     task = progress.add_task(f"sending to {queue}", total=count)
                     while sent < count:
-                        n = min(100, count - sent)
-                        await q.send_batch(
-                            [Outgoing(data, attrs, delay, priority, group) for _ in range(n)]
-                        )
+                        n = min(batch, count - sent)
+                        try:
+                            await q.send_batch(
+                                [Outgoing(data, attrs, delay, priority, group) for _ in range(n)]
+                            )
+                        except FairqError as exc:  # a server with a smaller --max-batch
+                            smaller = smaller_batch(exc)
+                            if smaller is None or smaller >= n:
+                                raise
+                            batch = smaller
+                            continue
                         sent += n
                         progress.advance(task, n)
             except asyncio.CancelledError:  # Ctrl-C: say what is known to be stored
                 err_console.print(
                     f"interrupted: {sent:,} of {count:,} sent; the batch under way (up to "
-                    f"{min(100, count - sent)}) may be stored too — `fairq stats {queue}` "
+                    f"{min(batch, count - sent)}) may be stored too — `fairq stats {queue}` "
                     "counts them",
                     soft_wrap=True,
                 )
@@ -130,7 +140,7 @@ def receive(
     async def main() -> None:
         async with await _open(url, server, api_key) as broker:
             q = broker.queue(queue)
-            msgs = await q.peek(max_messages) if peek else await q.receive(max_messages, wait=wait)
+            msgs = await q.peek(max_messages) if peek else await _receive(q, max_messages, wait)
             if not msgs:
                 console.print(f"[dim]no messages in {queue}[/dim]")
                 return
@@ -152,6 +162,27 @@ def receive(
                 await q.ack_batch([m.receipt for m in msgs])
 
     _run(main)
+
+
+async def _receive(q: Any, n: int, wait: float) -> list[Received]:
+    """Up to ``n`` messages, in requests a server takes (its ``max_batch``, 100 unless it
+    says less); only the first one waits."""
+    got: list[Received] = []
+    batch = 100
+    while len(got) < n:
+        want = min(batch, n - len(got))
+        try:
+            part = await q.receive(want, wait=0.0 if got else wait)
+        except FairqError as exc:
+            smaller = smaller_batch(exc)
+            if smaller is None or smaller >= want:
+                raise
+            batch = smaller
+            continue
+        got += part
+        if len(part) < want:
+            break
+    return got
 
 
 # -- stats ---------------------------------------------------------------------------------
