@@ -238,6 +238,36 @@ async def test_a_remote_send_to_a_full_blocking_queue_waits_as_in_process(
     assert asyncio.get_running_loop().time() - started < 5
 
 
+async def test_remote_exceptions_carry_their_attributes(client: Client) -> None:
+    """As in-process: the queue named, a full queue's max_length and overflow, the lost
+    receipts, a lost claim's key."""
+    with pytest.raises(fairq.QueueNotFound) as missing:
+        await client.queue("nowhere").stats()
+    assert missing.value.name == "nowhere"
+    q = await client.declare_queue("tight", max_length=1, overflow="reject")
+    await q.send(b"x")
+    with pytest.raises(fairq.QueueFull) as full:
+        await q.send(b"y")
+    assert (full.value.name, full.value.max_length, full.value.overflow) == (
+        "tight",
+        1,
+        "reject",
+    )
+    (m,) = await q.receive()
+    await m.ack()
+    with pytest.raises(fairq.LeaseLost) as lost:
+        await m.nack()
+    assert lost.value.lost == [m.receipt]
+    store = client.idempotency("attrs", ttl=60)
+    claim = await store.claim("k", lease=60)
+    assert claim is not None
+    await claim.complete()
+    stale = type(claim)(store, "k", "not-the-token", 60)
+    with pytest.raises(fairq.ClaimLost) as claimed:
+        await stale.complete()
+    assert claimed.value.key == "k"
+
+
 def test_a_server_that_stops_or_is_busy_is_a_connection_error() -> None:
     """503 shutting_down and server_busy: nothing was done, retry, as for an engine that
     is away (fairq.ConnectionError), and still a RemoteError with its status and code."""

@@ -45,7 +45,7 @@ from . import models as m
 from .api_idempotency import IdempotentCall
 from .api_rooms import run_admitters
 from .auth import COOKIE, KeyRing, Principal, require
-from .errors import ApiError, error_for
+from .errors import ApiError, carried, error_for
 from .guard import BrowserGuard, HostPolicy
 from .metrics import Metrics, RequestTimer
 from .middleware import Receive, Scope, Send
@@ -64,10 +64,12 @@ _SAFE = ("GET", "HEAD", "OPTIONS")
 _TOO_DEEP = f"the body nests arrays and objects more than {MAX_DEPTH} levels deep"
 
 
-def error_response(status: int, code: str, detail: str, headers: Any = None) -> Response:
-    """The JSON error answer every failure gets."""
+def error_response(
+    status: int, code: str, detail: str, headers: Any = None, fields: Any = None
+) -> Response:
+    """The JSON error answer every failure gets (``fields``: of ``errors.carried``)."""
     return Response(
-        m.encode(m.Error(code, detail)),
+        m.encode(m.Error(code, detail, **(fields or {}))),
         status_code=status,
         media_type="application/json",
         headers=headers,
@@ -171,7 +173,7 @@ def endpoint(
             if status >= 500:
                 log.error("%s %s failed: %s", request.method, request.url.path, exc)
             headers = {"Retry-After": "1"} if status == 429 else None
-            return error_response(status, code, str(exc), headers)
+            return error_response(status, code, str(exc), headers, carried(exc))
         if isinstance(result, Response):
             return result
         if result is None:

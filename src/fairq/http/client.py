@@ -137,7 +137,7 @@ class Client:
         if response.is_success:
             return data
         if isinstance(data, dict) and "error" in data:
-            raise exception_from(response.status_code, data["error"], data.get("detail", ""))
+            raise exception_from(response.status_code, data["error"], data.get("detail", ""), data)
         raise RemoteError(response.status_code, "http_error", response.text[:200])
 
     async def _delete(self, path: str, missing: type[Exception]) -> bool:

@@ -15,18 +15,23 @@ option that cannot change), ``413`` too large, ``422`` well-formed but not accep
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 from .. import errors as e
 from ..idempotency import ClaimLost
 from ..push import PushFailed
 
 __all__ = [
+    "CARRIED",
     "ERRORS",
     "PROTOCOL_ERRORS",
     "ApiError",
     "ErrorCode",
     "RemoteError",
+    "RemoteInvalid",
+    "RemoteUnavailable",
+    "carried",
     "error_for",
     "exception_from",
 ]
@@ -139,7 +144,25 @@ _INVALID = frozenset({"validation_error", "invalid", "bad_request"})
 _UNAVAILABLE = frozenset({"shutting_down", "server_busy"})
 
 
-def exception_from(status: int, code: str, detail: str) -> e.FairqError:
+#: the attributes of fairq exceptions that error answers carry (``models.Error``)
+CARRIED = ("name", "max_length", "overflow", "lost", "key")
+
+
+def carried(exc: BaseException) -> dict[str, Any]:
+    """The :data:`CARRIED` attributes ``exc`` has, JSON-ready."""
+    out: dict[str, Any] = {}
+    for field in CARRIED:
+        value = getattr(exc, field, None)
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            out[field] = value
+        elif field == "lost" and isinstance(value, list | tuple):
+            out[field] = [str(v) for v in value]
+    return out
+
+
+def exception_from(
+    status: int, code: str, detail: str, fields: Mapping[str, Any] | None = None
+) -> e.FairqError:
     """The fairq exception a client raises for an error answer: the class the server
     mapped to ``code`` (its message is the server's ``detail``), ``RemoteInvalid`` for
     values it refused, else ``RemoteError``."""
@@ -154,4 +177,7 @@ def exception_from(status: int, code: str, detail: str) -> e.FairqError:
     Exception.__init__(exc, detail)
     if isinstance(exc, e.LeaseLost):
         exc.lost = []
+    for field in CARRIED:  # the attributes the exception has in-process
+        if fields and fields.get(field) is not None:
+            setattr(exc, field, list(fields[field]) if field == "lost" else fields[field])
     return exc

@@ -444,11 +444,20 @@ class Health(Struct):
     backend: str
 
 
-class Error(Struct):
-    """Every error answer: a stable ``error`` code and a human ``detail``."""
+class Error(Struct, omit_defaults=True):
+    """Every error answer: a stable ``error`` code and a human ``detail``; for some errors
+    the fields the same exception carries in-process (the Python client sets them again):
+    ``name`` (the queue, topic, domain or room not found, or the full queue),
+    ``max_length`` and ``overflow`` (a full queue), ``lost`` (the receipts whose lease was
+    gone), ``key`` (a lost idempotency claim)."""
 
     error: str
     detail: str
+    name: str | None = None
+    max_length: int | None = None
+    overflow: str | None = None
+    lost: list[str] | None = None
+    key: str | None = None
 
 
 # -- conversions ---------------------------------------------------------------------------

@@ -405,7 +405,7 @@ class RemoteListener:
         if not response.is_success:
             await response.aread()
             data = orjson.loads(response.content)
-            raise exception_from(response.status_code, data["error"], data.get("detail", ""))
+            raise exception_from(response.status_code, data["error"], data.get("detail", ""), data)
         queue = RemoteQueue(self._client, self._path.split("/")[3])
         try:
             async for message in self._parse(response, queue):
