@@ -418,3 +418,18 @@ async def test_with_workers_the_server_admits_at_the_room_rate() -> None:
         assert states == ["admitted"] * 3
         assert ok(await api.get("/v1/rooms/ev-88"))["admitter"] is not None
         assert ok(await api.get("/v1/rooms/ev-done"))["admitter"] is None
+
+
+async def test_a_send_to_a_queue_not_declared_yet_is_not_kept() -> None:
+    """A 404 stored nothing: once the queue is declared, the retry with the same key runs
+    (it was replayed as 404 for 24 hours)."""
+    async with serving() as s:
+        api = s.http
+        key = {"Idempotency-Key": "early-1"}
+        r = await api.post("/v1/queues/later/messages", json=_send("x"), headers=key)
+        assert r.status_code == 404
+        ok(await api.put("/v1/queues/later", json={}))
+        r = await api.post("/v1/queues/later/messages", json=_send("x"), headers=key)
+        assert ok(r)["ids"] and "idempotent-replayed" not in r.headers
+        again = await api.post("/v1/queues/later/messages", json=_send("x"), headers=key)
+        assert ok(again) == ok(r) and again.headers["idempotent-replayed"] == "true"

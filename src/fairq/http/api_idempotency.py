@@ -243,9 +243,14 @@ async def current(c: Call) -> VersionInfo:
 HEADER_NAMESPACE = "fairq.http"
 HEADER_TTL = 86_400.0
 _INSIDE = "fairq.idempotency_key"  # scope mark: this request already holds its key
-#: answers not kept, so that a retry with the key runs again: a full queue (429) and a
-#: failing engine (503) stored nothing, the send being atomic
-_NOT_KEPT = frozenset((429, 503))
+
+
+def _kept(status: int) -> bool:
+    """Whether an answer is kept for the key's repeats. A send or publish is atomic, so an
+    answer of 4xx (a full queue, a queue not there yet, a value refused) or 503 (the engine
+    away) stored nothing: not kept, and the retry runs again (once the queue is declared,
+    say); a success and any other 5xx (the work may have had effects) are kept."""
+    return not (400 <= status < 500 or status == 503)
 
 
 class IdempotentCall(Response):
@@ -282,6 +287,6 @@ class IdempotentCall(Response):
             run,
             self._broker.idempotency(HEADER_NAMESPACE, HEADER_TTL),
             partition=lambda _scope: self._owner,
-            store_response=lambda status: status not in _NOT_KEPT,
+            store_response=_kept,
         )
         await middleware(scope, receive, send)
