@@ -81,6 +81,7 @@ class Listener:
         self._closed = False
         self.received = 0
         self.dropped = 0
+        self._known = False  # the topic was found to exist (at the first wait)
         if hub.add(self):
             backend.attach_listeners(topic, partial(hub.deliver_once, topic))
 
@@ -100,7 +101,16 @@ class Listener:
     def __aiter__(self) -> AsyncIterator[Received]:
         return self
 
+    async def _check_topic(self) -> None:
+        """``TopicNotFound`` for a topic that does not exist (else it would wait for ever),
+        as the server's stream does; asked once."""
+        if not self._known:
+            await self._backend.topic_config(self.topic)
+            self._known = True
+
     async def __anext__(self) -> Received:
+        if not self._known and not self._buffer:
+            await self._check_topic()
         while not self._buffer:
             if self._closed:
                 raise StopAsyncIteration
@@ -127,6 +137,7 @@ class Listener:
         self._ready.set()
 
     async def __aenter__(self) -> Listener:
+        await self._check_topic()
         return self
 
     async def __aexit__(

@@ -497,3 +497,14 @@ async def test_unsubscribe_and_delete_topic_leave_the_dead_letter_queues(
     assert left == ["leaving.a.dlq", "leaving.b.dlq"]
     for name in left:
         assert (await broker.queue(name).stats()).visible == 1
+
+
+async def test_listening_to_a_topic_that_does_not_exist_raises(broker: fairq.Broker) -> None:
+    """It would wait for ever; the server's stream answers TopicNotFound too."""
+    with pytest.raises(fairq.TopicNotFound):
+        async with broker.topic("never-declared").listen():
+            pass
+    listener = broker.topic("never-declared").listen()
+    with pytest.raises(fairq.TopicNotFound):
+        await asyncio.wait_for(listener.__anext__(), 5)
+    await listener.close()
