@@ -124,6 +124,25 @@ class KeptAlive:
     async def extend(self, lease: float | None = None) -> None:  # pragma: no cover
         raise NotImplementedError
 
+    async def complete(self, result: object = None) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+    async def release(self) -> bool:  # pragma: no cover
+        raise NotImplementedError
+
+    @contextlib.asynccontextmanager
+    async def working(self) -> AsyncIterator[None]:
+        """The block of ``store.once``: the claim is kept alive while it runs; its normal
+        end completes the claim, an exception releases it (even when the block is
+        cancelled) and propagates, so a retry can run."""
+        async with self.kept_alive():
+            try:
+                yield
+            except BaseException:
+                await asyncio.shield(self.release())
+                raise
+            await self.complete()
+
     def keep_alive(self) -> None:
         """Extend the claim every third of its lease from now until it is completed or
         released (or :meth:`stop_keeping`), so a live holder keeps it however long the work
@@ -401,13 +420,8 @@ class IdempotencyStore:
         if claim is None:
             yield False
             return
-        async with claim.kept_alive():
-            try:
-                yield True
-            except BaseException:
-                await asyncio.shield(claim.release())
-                raise
-            await claim.complete()
+        async with claim.working():
+            yield True
 
 
 class VersionGate:

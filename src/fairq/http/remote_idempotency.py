@@ -16,7 +16,6 @@ are JSON values or bytes (sent base64).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 from collections.abc import AsyncIterator
@@ -179,13 +178,8 @@ class RemoteIdempotencyStore:
         if claim is None:
             yield False
             return
-        async with claim.kept_alive():  # extended while the block runs, as in-process
-            try:
-                yield True
-            except BaseException:
-                await asyncio.shield(claim.release())
-                raise
-            await claim.complete()
+        async with claim.working():  # kept alive, completed or released, as in-process
+            yield True
 
 
 class RemoteVersionGate:
