@@ -418,6 +418,30 @@ async def test_a_dead_slice_keeps_the_count_of_what_it_acked(
     assert (st.processed, key.processed) == (4, 4)
 
 
+async def test_acks_after_the_token_expired_count_for_the_key_and_the_domain(
+    broker: fairq.Broker, clock: fairq.ManualClock
+) -> None:
+    """A slice whose token expired (the sweep ended it with what it had counted) may still
+    ack what it leased: those acks count for the key and the domain alike, and its late
+    end adds nothing (the worker sends a lost slice's last acks as progress)."""
+    plans = {"basic": Plan(1, 10, 20.0)}
+    a = await domain(broker, plans=plans, slice_lease=10, queue_options={"visibility_timeout": 60})
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(4)])
+    s = await a._take(0)
+    assert s is not None
+    msgs, _ = await a._receive(s, 4, None)
+    await a._progress(s, msgs[:1])
+    clock.advance(11)  # the token expires; the next step sweeps it
+    await a._take(0)
+    assert (await a.stats()).processed == 1, "the sweep took what the slice had counted"
+    await a._progress(s, msgs[1:3])
+    await a._progress(s, msgs[3:])
+    await a._end(s, 4, None)
+    st = await a.stats()
+    (key,) = await a.key_stats()
+    assert (st.processed, key.processed) == (4, 4)
+
+
 async def test_the_end_counts_only_what_the_slice_did_not_count_on_the_way(
     broker: fairq.Broker,
 ) -> None:

@@ -172,6 +172,12 @@ async def test_removed_and_changed_push_subscriptions_leave_the_worker_running(
         await jobs.send("after")
         await _until(lambda: handled == ["after"], "the worker's queues go on")
         assert not run.done(), "removing a push subscription stopped the worker"
+        await _until(
+            lambda: (
+                not [t for t in asyncio.all_tasks() if t.get_name() == "fairq-runner:hooks.one"]
+            ),
+            "the removed subscription's runner tasks end",
+        )
         await t.subscribe("two", push=f"{base}/c")
         await asyncio.sleep(0.6)  # a rescan
         await t.publish({"n": 3})

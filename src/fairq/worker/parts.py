@@ -100,6 +100,7 @@ class _SliceRun:
     consumer: _Consumer
     slice: Slice
     lease_until: float
+    lost: bool = False  # its token was found gone: said once, its last acks counted apart
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,6 +108,8 @@ class PushRuntime(SliceRuntime):
         except (QueueNotFound, TopicNotFound):
             if self._consumers.get(c.name) is c:
                 self._retire_push(c.name, "was deleted")
+        if c.retired and c.runners is not None:
+            c.runners.close()  # its runners end once what it received is delivered
 
     def _retire_push(self, name: str, why: str) -> None:
         """Stop receiving for the push subscription queue ``name`` (what was received is
@@ -116,6 +118,8 @@ class PushRuntime(SliceRuntime):
         c = self._consumers.pop(name, None)
         if c is not None:
             c.retired = True
+            self._retired = [r for r in self._retired if r.runners and r.runners.tasks]
+            self._retired.append(c)  # what it received is delivered or given back at stop
             log.info("push subscription queue %s %s: its deliveries stop", name, why)
 
     async def _rescan_push(self) -> None:

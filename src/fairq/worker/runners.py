@@ -66,7 +66,7 @@ class Runners(Generic[T]):
     (except when its task is cancelled). ``limit`` bounds the runners.
     """
 
-    __slots__ = ("_handle", "_idle", "_stopping", "backlog", "limit", "name", "tasks")
+    __slots__ = ("_closed", "_handle", "_idle", "_stopping", "backlog", "limit", "name", "tasks")
 
     def __init__(
         self,
@@ -82,6 +82,7 @@ class Runners(Generic[T]):
         self._idle: list[asyncio.Future[None]] = []
         self._handle = handle
         self._stopping = stopping
+        self._closed = False
 
     def add(self, items: list[T]) -> None:
         """Queue items and make sure a runner comes for them."""
@@ -110,8 +111,14 @@ class Runners(Generic[T]):
         self.backlog.clear()
         return items
 
+    def close(self) -> None:
+        """No more items will come (the consumer was retired): each runner ends once the
+        backlog is worked off."""
+        self._closed = True
+        self.stop()
+
     def stop(self) -> None:
-        """Let idle runners end (after ``stopping`` is set)."""
+        """Let idle runners end (after ``stopping`` is set, or once closed)."""
         idle, self._idle = self._idle, []
         for waiter in idle:
             if not waiter.done():
@@ -127,6 +134,8 @@ class Runners(Generic[T]):
         copy = contextvars.copy_context
         while not stopping.is_set():
             if not backlog:
+                if self._closed:
+                    return
                 waiter = loop.create_future()
                 self._idle.append(waiter)
                 await waiter

@@ -95,6 +95,7 @@ class Runtime:
         self._busy_runners: set[asyncio.Task[Any]] = set()
         self._http: Any = None  # httpx.AsyncClient of push deliveries
         self._push_urls: dict[str, str] = {}  # push subscription queue -> the URL it posts to
+        self._retired: list[_Consumer] = []  # push consumers stopped while the worker runs
         self._signal_task: asyncio.Future[None] | None = None
 
     def takes_url_from_environment(self) -> bool:
@@ -335,12 +336,7 @@ class Runtime:
             except BaseException:
                 await self._give_slots(c, n)
                 raise
-            if self._outage_wait:
-                self._outage_wait = 0.0
-                log.info(
-                    "the backend answers again (away for %.1f s)",
-                    asyncio.get_running_loop().time() - self._outage_since,
-                )
+            self._engine_back()
             if len(msgs) < n:
                 await self._give_slots(c, n - len(msgs))
             if not msgs:
@@ -358,6 +354,15 @@ class Runtime:
         for run in runs:
             running[run.msg.receipt] = run
         return runs
+
+    def _engine_back(self) -> None:
+        """A call to the engine worked: if it was away, say so once and reset the pause."""
+        if self._outage_wait:
+            self._outage_wait = 0.0
+            log.info(
+                "the backend answers again (away for %.1f s)",
+                asyncio.get_running_loop().time() - self._outage_since,
+            )
 
     async def _outage(self, exc: BaseException) -> None:
         """Wait a little longer each time the engine cannot be reached (up to 1 s)."""
@@ -648,7 +653,7 @@ class Runtime:
                     t.cancel()
                 await asyncio.gather(*pending, return_exceptions=True)
         await self._settled()
-        for c in self._consumers.values():
+        for c in [*self._consumers.values(), *self._retired]:
             if c.runners is not None:
                 tasks = [*tasks, *c.runners.tasks]
         for t in tasks:
@@ -662,7 +667,7 @@ class Runtime:
         """Stop the runners at their current message; give back at once the received
         messages no runner started (not counted as attempts)."""
         by_queue: dict[str, list[Received]] = {}
-        for c in self._consumers.values():
+        for c in [*self._consumers.values(), *self._retired]:
             if c.runners is None:
                 continue
             c.runners.stop()

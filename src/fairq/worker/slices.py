@@ -58,6 +58,10 @@ class _Acks:
         if self._task is None:
             self._task = asyncio.create_task(self._send(), name="fairq-slice-acks")
 
+    def add_all(self, msgs: list[Received]) -> None:
+        for msg in msgs:
+            self.add(msg)
+
     async def _send(self) -> None:
         try:
             while self._pending:
@@ -154,7 +158,7 @@ class SliceRuntime(Runtime):
         await super()._keep_more(now)
         loop = asyncio.get_running_loop()
         for sr in list(self._slices.values()):
-            if sr.lease_until - now < sr.consumer.slice_lease / 2:
+            if not sr.lost and sr.lease_until - now < sr.consumer.slice_lease / 2:
                 assert sr.consumer.attention is not None
                 try:
                     kept = await sr.consumer.attention._extend(sr.slice)
@@ -166,7 +170,11 @@ class SliceRuntime(Runtime):
                 except Exception:
                     log.warning("could not extend a slice token", exc_info=True)
                     continue
+                if self._extend_failing:
+                    self._extend_failing = False
+                    log.info("leases are extended again")
                 if not kept:
+                    sr.lost = True
                     log.warning("slice of %s/%s lost its token", sr.slice.domain, sr.slice.key)
                 sr.lease_until = loop.time() + sr.consumer.slice_lease
 
@@ -195,6 +203,7 @@ class SliceRuntime(Runtime):
             except BaseException:
                 await self._give_slots(c, 1)
                 raise
+            self._engine_back()
             if s is None:
                 await self._give_slots(c, 1)
             else:
@@ -231,7 +240,7 @@ class SliceRuntime(Runtime):
         handled = 0
         retry_at: float | None = None
         acks = _Acks(self, c, s)
-        self._slices[s.token] = _SliceRun(c, s, loop.time() + c.slice_lease)
+        run_of_slice = self._slices[s.token] = _SliceRun(c, s, loop.time() + c.slice_lease)
         ahead: asyncio.Task[tuple[list[_Running], float | None]] | None = None
         try:
             while handled < s.plan.max_messages and not self._stopping.is_set():
@@ -246,6 +255,7 @@ class SliceRuntime(Runtime):
                         want = min(s.plan.max_messages - handled, batch)
                         runs, retry_at = await self._receive_runs(c, s, want)
                 except LeaseLost:
+                    run_of_slice.lost = True
                     log.warning("slice of %s/%s lost its token; ending it", s.domain, s.key)
                     break
                 except ConnectionError as exc:  # the engine is away: the dispatcher waits
@@ -291,6 +301,9 @@ class SliceRuntime(Runtime):
         finally:
             self._slices.pop(s.token, None)
             last = acks.take_unsent()  # before any await: the end carries them
+            if run_of_slice.lost and last:  # its end counts nothing: the acks count them
+                acks.add_all(last)
+                last = []
             try:
                 await asyncio.shield(self._finish_slice(c, s, acks, last, handled, retry_at, ahead))
             except Exception as exc:  # the token's lease frees it anyway

@@ -57,16 +57,17 @@ class AmqpTopics(AmqpQueues):
     ) -> tuple[TopicConfig, dict[str, Subscription], SubscriptionIndex]:
         self._check_open()
         version = (await self.store.read_counts(_VERSION_SCOPE)).get("version", 0)
-        if version != self._version:
+        if version > self._version:  # only forward: a read that answers late is older
             self._topics.clear()
             self._version = version
-        hit = self._topics.get(topic)
+        hit = self._topics.get(topic) if version == self._version else None
         if hit is not None:
             return hit
         config = await self.store.topic_config(topic)  # TopicNotFound
         subs = {s.name: s for s in await self.store.subscriptions(topic)}
         index = SubscriptionIndex(subs.values())
-        self._topics[topic] = (config, subs, index)
+        if self._version == version:  # not read before a change another call has seen
+            self._topics[topic] = (config, subs, index)
         return config, subs, index
 
     async def declare_topic(self, name: str, config: TopicConfig) -> None:

@@ -455,7 +455,9 @@ class MemoryAttention(MemoryQueues):
             k.processed += n
         rec = d.slices.get(token)
         if rec is not None:
-            rec.counted += n
+            rec.counted += n  # the domain takes them at the slice's end (or expiry)
+        else:  # ended already (its token expired): the domain's count now
+            d.counters["processed"] += n
 
     # -- resources -------------------------------------------------------------------------
     async def attention_set_resource(

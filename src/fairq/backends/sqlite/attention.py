@@ -494,10 +494,12 @@ def count(t: Txn, domain: str, token: str, key: str, n: int) -> None:
         "UPDATE fairq_att_keys SET processed = processed + ? WHERE domain_id = ? AND key = ?",
         (n, d.id, key),
     )
-    t.conn.execute(
+    changed = t.conn.execute(
         "UPDATE fairq_att_slices SET counted = counted + ? WHERE token = ? AND domain_id = ?",
         (n, token, d.id),
-    )
+    ).rowcount
+    if not changed:  # ended already (its token expired): the domain's count now
+        _count(t, d, "processed", n)
 
 
 def progress(

@@ -33,7 +33,8 @@ BEGIN
     INTO s
     FROM {schema}.att_slices l JOIN {schema}.att_domains d ON d.id = l.domain_id
     LEFT JOIN {schema}.att_tenants x ON x.domain_id = l.domain_id AND x.tenant = l.tenant
-    WHERE l.token = tok AND l.domain_id = dom;
+    WHERE l.token = tok AND l.domain_id = dom
+    FOR UPDATE OF l;  -- its counted is final: a concurrent progress waits, then finds it gone
     seen := FOUND;
     IF NOT seen THEN  -- expired and ended by the sweep, with what it had counted
         RETURN;
