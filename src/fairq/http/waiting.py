@@ -73,6 +73,10 @@ class WaitSlots:
             closing = asyncio.ensure_future(self.closing.wait())
             try:
                 await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+            except asyncio.CancelledError:  # the request itself is cancelled: so is its work
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+                raise
             finally:
                 closing.cancel()
         if not task.done():
