@@ -388,6 +388,13 @@ class RedisAttention(AttentionReads):
     ) -> list[str]:
         if not receipts:
             return []
+        if self.opts.cluster:
+            # on Redis Cluster: the acks as a queue's, then the count (a kill -9 between the
+            # two leaves those acks uncounted). Acking inside the count's script stalled
+            # rate-limited slices there now and then (2 of 10 runs of
+            # test_a_due_signal_costs_one_take_however_many_takers; 0 of 18 this way), for a
+            # reason not found yet
+            return await super().attention_progress(domain, token, key, queue, receipts)
         got = await self._att(
             "attention_progress",
             domain,
