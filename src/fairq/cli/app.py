@@ -8,7 +8,7 @@ import logging
 import os
 import re
 import sys
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
@@ -103,6 +103,27 @@ def smaller_batch(exc: FairqError) -> int | None:
     if found is None or getattr(exc, "status", None) != 422:
         return None
     return max(1, int(found.group(1)))
+
+
+class Batches:
+    """The batch size a server takes: 100 until it names a smaller one (its ``max_batch``);
+    an embedded broker never does."""
+
+    def __init__(self) -> None:
+        self.size = 100
+
+    async def run(self, step: Callable[[int], Awaitable[T]], want: int) -> tuple[int, T]:
+        """``step(n)`` for ``n = min(size, want)``, and ``n``; a request the server refused
+        for its size did nothing, so it is made again at the size the server names."""
+        while True:
+            n = min(self.size, want)
+            try:
+                return n, await step(n)
+            except FairqError as exc:
+                smaller = smaller_batch(exc)
+                if smaller is None or smaller >= n:
+                    raise
+                self.size = smaller
 
 
 def _run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:

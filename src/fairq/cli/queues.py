@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import sys
+from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -12,7 +13,7 @@ from rich.live import Live
 from rich.table import Table
 
 from ..broker import Broker
-from ..errors import FairqError, QueueNotFound
+from ..errors import QueueNotFound
 from ..message import Received
 from ..queue import QueueStats
 
@@ -23,6 +24,7 @@ if TYPE_CHECKING:
 from .app import (
     ApiKeyOption,
     AttrOption,
+    Batches,
     BodyArgument,
     DedupOption,
     ServerOption,
@@ -36,7 +38,6 @@ from .app import (
     console,
     err_console,
     fail,
-    smaller_batch,
 )
 from .tables import Col, fitted
 
@@ -90,28 +91,23 @@ def send(
                 console.print(await q.send(data, attrs, delay, priority, group, dedup_id))
                 return
             sent = 0
-            batch = 100
+            batches = Batches()  # a server with a smaller --max-batch says so
             try:
                 with _progress() as progress:
                     task = progress.add_task(f"sending to {queue}", total=count)
                     while sent < count:
-                        n = min(batch, count - sent)
-                        try:
-                            await q.send_batch(
+                        n, _ = await batches.run(
+                            lambda n: q.send_batch(
                                 [Outgoing(data, attrs, delay, priority, group) for _ in range(n)]
-                            )
-                        except FairqError as exc:  # a server with a smaller --max-batch
-                            smaller = smaller_batch(exc)
-                            if smaller is None or smaller >= n:
-                                raise
-                            batch = smaller
-                            continue
+                            ),
+                            count - sent,
+                        )
                         sent += n
                         progress.advance(task, n)
             except asyncio.CancelledError:  # Ctrl-C: say what is known to be stored
                 err_console.print(
                     f"interrupted: {sent:,} of {count:,} sent; the batch under way (up to "
-                    f"{min(batch, count - sent)}) may be stored too — `fairq stats {queue}` "
+                    f"{min(batches.size, count - sent)}) may be stored too — `fairq stats {queue}` "
                     "counts them",
                     soft_wrap=True,
                 )
@@ -168,17 +164,14 @@ async def _receive(q: Any, n: int, wait: float) -> list[Received]:
     """Up to ``n`` messages, in requests a server takes (its ``max_batch``, 100 unless it
     says less); only the first one waits."""
     got: list[Received] = []
-    batch = 100
+    batches = Batches()
     while len(got) < n:
-        want = min(batch, n - len(got))
-        try:
-            part = await q.receive(want, wait=0.0 if got else wait)
-        except FairqError as exc:
-            smaller = smaller_batch(exc)
-            if smaller is None or smaller >= want:
-                raise
-            batch = smaller
-            continue
+        pause = 0.0 if got else wait  # only the first request waits
+
+        def receive(m: int, w: float = pause) -> Awaitable[list[Received]]:
+            return q.receive(m, wait=w)  # type: ignore[no-any-return]
+
+        want, part = await batches.run(receive, n - len(got))
         got += part
         if len(part) < want:
             break
