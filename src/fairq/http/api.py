@@ -117,6 +117,13 @@ async def extend(c: Call) -> m.ExtendResult:
     return m.ExtendResult(lost)
 
 
+async def release(c: Call) -> m.ExtendResult:
+    body: m.AckRequest = c.body
+    check_batch(c, len(body.receipts), "max_receipts")
+    receipts = list(dict.fromkeys(body.receipts))
+    return m.ExtendResult(await c.broker.queue(c.path["queue"]).release_batch(receipts))
+
+
 async def dead_letter(c: Call) -> None:
     body: m.DeadLetterRequest = c.body
     await c.broker.queue(c.path["queue"])._dead_letter(body.receipt, body.reason)
@@ -202,6 +209,11 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", "/v1/queues/{queue}/extend", "extendLeases", Q, "receive",
           "Extend leases by receipt", extend, body=m.ExtendRequest, response=m.ExtendResult,
           errors=E_Q),
+    Route("POST", "/v1/queues/{queue}/release", "releaseMessages", Q, "receive",
+          "Give deliveries back at once without counting an attempt", release,
+          body=m.AckRequest, response=m.ExtendResult, errors=E_Q,
+          description="For deliveries a consumer took but never started (it is shutting "
+          "down). Receipts whose lease is gone are listed in `lost`."),
     Route("POST", "/v1/queues/{queue}/dead-letter", "deadLetterMessage", Q, "receive",
           "Move a delivery to the dead-letter queue at once", dead_letter,
           body=m.DeadLetterRequest, status=204, errors=(400, 404, 409, 422)),
@@ -263,6 +275,10 @@ ROUTES: tuple[Route, ...] = (
     Route("DELETE", "/v1/attention/{domain}", "deleteAttention", A, "admin",
           "Delete an attention domain's keys and signals (its work queues stay)",
           att.delete_attention, status=204, errors=(400, 404)),
+    Route("POST", "/v1/attention/{domain}/reconcile", "reconcileAttention", A, "admin",
+          "Signal every active key with backlog and no signal or running slice (lost "
+          "signals); workers do this every `reconcile_interval`", att.reconcile,
+          response=m.Reconciled, errors=(400, 404)),
     Route("GET", "/v1/attention/{domain}/keys", "attentionKeys", A, "read",
           "The busiest keys (by backlog, then in flight)", att.key_stats, query=m.KeysQuery,
           response=m.KeyList, errors=E_Q),

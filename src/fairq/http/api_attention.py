@@ -66,6 +66,12 @@ async def delete_attention(c: Call) -> None:
         raise AttentionNotFound(name)
 
 
+async def reconcile(c: Call) -> m.Reconciled:
+    a = c.broker.attention(check_name(c.path["domain"], "attention domain"))
+    await a.config()
+    return m.Reconciled(await a.reconcile())
+
+
 async def attention_publish(c: Call) -> m.Ids:
     body: m.SendRequest = c.body
     check_batch(c, len(body.messages))

@@ -319,6 +319,10 @@ class Purged(Struct):
     purged: int
 
 
+class Reconciled(Struct):
+    signalled: int
+
+
 class Redriven(Struct):
     moved: int
 

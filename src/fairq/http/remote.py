@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from ..attention import AttentionStats, KeyStats, TenantStats
+from ..attention import AttentionConfig, AttentionStats, KeyStats, Plan, TenantStats
 from ..errors import ConnectionError, InvalidMessage, LeaseLost, QueueFull
-from ..message import Outgoing, Received
-from ..model.topics import Subscription
+from ..message import Outgoing, Received, check_key
+from ..model.topics import Subscription, TopicConfig
 from ..pubsub import PublishResult, TopicStats
 from ..queue import QueueConfig, QueueStats
 from .errors import RemoteError, exception_from
@@ -239,6 +239,14 @@ class RemoteQueue(_RemoteHandle):
         if data["lost"]:
             raise LeaseLost(data["lost"])
 
+    async def release_batch(self, receipts: Sequence[str]) -> list[str]:
+        """Give deliveries back at once without counting them as attempts (taken, never
+        started); the receipts whose lease was gone."""
+        if not receipts:
+            return []
+        data = await self._post("release", {"receipts": list(receipts)})
+        return list(data["lost"])
+
     async def extend_batch(self, receipts: Sequence[str], seconds: float) -> list[str]:
         """Extend leases; the receipts whose lease was gone."""
         data = await self._post("extend", {"receipts": list(receipts), "seconds": seconds})
@@ -351,6 +359,11 @@ class RemoteTopic(_RemoteHandle):
             for r in data["results"]
         ]
 
+    async def config(self) -> TopicConfig:
+        """The options the topic is declared with."""
+        data = await self._client.request("GET", f"/v1/topics/{self.name}")
+        return TopicConfig(dedup_window=data["dedup_window"])
+
     async def stats(self) -> TopicStats:
         """The topic's counters."""
         data = await self._client.request("GET", f"/v1/topics/{self.name}")
@@ -391,6 +404,14 @@ class RemoteListener:
         if self._stream is None:
             self._stream = self._events()
         return await self._stream.__anext__()
+
+    async def get(self, timeout: float | None = None) -> Received | None:
+        """The next message, or None after ``timeout`` seconds (or once the stream ended)."""
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.__anext__()
+        except (TimeoutError, StopAsyncIteration):
+            return None
 
     async def _events(self) -> AsyncIterator[Received]:
         http = self._client._http
@@ -508,6 +529,30 @@ class RemoteAttention(_RemoteHandle):
             f"/v1/attention/{self.name}/keys/{key}",
             params={"purge": "true" if purge else "false"},
         )
+
+    async def config(self) -> AttentionConfig:
+        """The options the domain is declared with."""
+        c = (await self._client.request("GET", f"/v1/attention/{self.name}"))["config"]
+        return AttentionConfig(
+            plans={n: Plan(**p) for n, p in c["plans"].items()},
+            default_plan=c["default_plan"],
+            work_queue=c["work_queue"],
+            queue_options=c["queue_options"],
+            slice_lease=c["slice_lease"],
+            charge=c["charge"],
+            shards=c["shards"],
+        )
+
+    async def queue(self, key: str) -> RemoteQueue:
+        """The work queue handle of ``key`` (for stats, peeking, redrive)."""
+        config = await self.config()
+        return RemoteQueue(self._client, config.queue_for(self.name, check_key(key)))
+
+    async def reconcile(self) -> int:
+        """Signal every active key that has backlog, no pending signal and no running slice
+        (a lost signal); return how many."""
+        data = await self._client.request("POST", f"/v1/attention/{self.name}/reconcile")
+        return int(data["signalled"])
 
     async def stats(self) -> AttentionStats:
         """The domain's counters."""
