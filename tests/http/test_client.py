@@ -336,3 +336,25 @@ async def test_sends_and_publishes_with_an_idempotency_key(client: Client, serve
     r = await t.publish({"order": 1}, idempotency_key="pub-1")
     assert await t.publish({"order": 1}, idempotency_key="pub-1") == r
     assert (await server.broker.queue("orders.all").stats()).visible == 1
+
+
+async def test_stats_through_a_server_ask_once_per_queue_or_once_for_all(server: Server) -> None:
+    from fairq.cli.queues import stats_table
+
+    asked: list[str] = []
+
+    class Counting(httpx.ASGITransport):
+        async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+            asked.append(request.url.path)
+            return await super().handle_async_request(request)
+
+    for name in ("a", "b", "c"):
+        await server.broker.declare_queue(name, dead_letter="graves" if name == "a" else None)
+    await server.broker.queue("graves").send(b"x")
+    async with Client("http://fairq", transport=Counting(app=server.app)) as c:
+        table = await stats_table(c, width=200)
+        assert asked == ["/v1/queues"], "stats and options of every queue in one page"
+        assert table.row_count == 4  # a, b, c and graves
+        asked.clear()
+        await stats_table(c, ["a", "b"], width=200)
+        assert asked == ["/v1/queues/a", "/v1/queues/b", "/v1/queues/graves"]

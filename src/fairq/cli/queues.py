@@ -184,13 +184,21 @@ async def stats_table(
 ) -> Table:
     """A table of every queue's counts, ages and counters, fitted to ``width`` (the
     terminal's): the counters since creation are the first to go when it is narrow."""
-    names = names or await broker.list_queues()
     all_stats: dict[str, QueueStats] = {}
-    dead_letter: dict[str, str | None] = {}
-    for name in names:
-        q = broker.queue(name)
-        all_stats[name] = await q.stats()
-        dead_letter[name] = (await q.config()).dead_letter  # "<name>.dlq" unless declared so
+    dead_letter: dict[str, str | None] = {}  # "<name>.dlq" unless declared so
+    if not isinstance(broker, Broker):  # a server: a request per 1,000 queues, or per queue
+        infos = (
+            await broker.queue_infos()
+            if not names
+            else {name: await broker.queue(name)._info() for name in names}
+        )
+        for name, (stats, config) in infos.items():
+            all_stats[name], dead_letter[name] = stats, config.dead_letter
+    else:
+        for name in names or await broker.list_queues():
+            q = broker.queue(name)
+            all_stats[name] = await q.stats()
+            dead_letter[name] = (await q.config()).dead_letter
     dlqs: dict[str, QueueStats] = {}  # the depths of dead-letter queues not shown as rows
     for dlq_name in {d for d in dead_letter.values() if d is not None} - set(all_stats):
         with contextlib.suppress(QueueNotFound):

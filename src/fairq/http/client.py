@@ -36,7 +36,7 @@ import orjson
 from ..attention import Plan
 from ..clock import Clock, SystemClock
 from ..errors import ConnectionError
-from ..queue import QueueStats
+from ..queue import QueueConfig, QueueStats
 from .errors import RemoteError, exception_from
 from .remote import RemoteAttention, RemoteQueue, RemoteTopic, dataclass_from
 from .remote_idempotency import RemoteIdempotencyStore, RemoteVersionGate
@@ -170,11 +170,22 @@ class Client:
 
     async def queue_stats(self, prefix: str = "") -> dict[str, QueueStats]:
         """Every queue starting with ``prefix`` and its stats (a call per 1,000 queues)."""
-        out: dict[str, QueueStats] = {}
+        return {name: stats for name, (stats, _) in (await self.queue_infos(prefix)).items()}
+
+    async def queue_infos(self, prefix: str = "") -> dict[str, tuple[QueueStats, QueueConfig]]:
+        """Every queue starting with ``prefix``, its stats and its options (a call per
+        1,000 queues)."""
+        out: dict[str, tuple[QueueStats, QueueConfig]] = {}
         params: dict[str, Any] = {"prefix": prefix, "limit": 1000}
         while True:
             data = await self.request("GET", "/v1/queues", params=params)
-            out.update((q["name"], dataclass_from(QueueStats, q["stats"])) for q in data["queues"])
+            out.update(
+                (
+                    q["name"],
+                    (dataclass_from(QueueStats, q["stats"]), QueueConfig.from_dict(q["config"])),
+                )
+                for q in data["queues"]
+            )
             cursor = data.get("next_cursor")
             if not cursor:
                 return out

@@ -254,14 +254,17 @@ class RemoteQueue(_RemoteHandle):
 
     async def stats(self) -> QueueStats:
         """The queue's counts and counters."""
-        data = await self._client.request("GET", f"/v1/queues/{self.name}")
-        stats: QueueStats = dataclass_from(QueueStats, data["stats"])
-        return stats
+        return (await self._info())[0]
 
     async def config(self) -> QueueConfig:
         """The options the queue is declared with."""
+        return (await self._info())[1]
+
+    async def _info(self) -> tuple[QueueStats, QueueConfig]:
+        """The queue's stats and options, in one request."""
         data = await self._client.request("GET", f"/v1/queues/{self.name}")
-        return QueueConfig.from_dict(data["config"])
+        stats: QueueStats = dataclass_from(QueueStats, data["stats"])
+        return stats, QueueConfig.from_dict(data["config"])
 
     async def purge(self) -> int:
         """Delete every message; how many."""
