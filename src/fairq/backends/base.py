@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Iterable, Mapping
@@ -34,12 +35,24 @@ from ..model.queues import Envelope, QueueConfig, QueueStats
 from ..model.rooms import Place, RoomRecord, RoomStats, TickResult
 from ..model.topics import PublishResult, Subscription, TopicConfig, TopicStats
 
-__all__ = ["DEAD_LETTER_REASONS", "Backend", "Wakeups"]
+__all__ = ["DEAD_LETTER_REASONS", "STOP_WAITING", "Backend", "WaitInterrupted", "Wakeups"]
 
 log = logging.getLogger("fairq.backends")
 
 #: the reasons a message can be dead-lettered for (attribute ``fairq.reason``)
 DEAD_LETTER_REASONS = ("max_attempts", "expired", "rejected", "overflow")
+
+
+#: an event that, once set, ends every :meth:`Wakeups.wait` of the tasks that see it
+#: (raising :class:`WaitInterrupted`): a server that stops ends its long polls and blocked
+#: sends where they wait, while an engine call already on its way runs to its answer
+STOP_WAITING: contextvars.ContextVar[asyncio.Event | None] = contextvars.ContextVar(
+    "fairq_stop_waiting", default=None
+)
+
+
+class WaitInterrupted(Exception):
+    """A wait ended because :data:`STOP_WAITING` was set (nothing was done by the wait)."""
 
 
 class Wakeups:
@@ -104,14 +117,28 @@ class Wakeups:
             loop.call_soon_threadsafe(self.notify_all)
 
     async def wait(self, token: asyncio.Event, timeout: float | None) -> None:
-        """Wait until ``token`` fires or ``timeout`` seconds pass (None: no limit)."""
+        """Wait until ``token`` fires or ``timeout`` seconds pass (None: no limit);
+        :class:`WaitInterrupted` once :data:`STOP_WAITING`'s event is set."""
         if token.is_set():
             return
+        stop = STOP_WAITING.get()
+        if stop is not None:
+            if stop.is_set():
+                raise WaitInterrupted
+            await self._wait_or_stop(token, stop, timeout)
+            if stop.is_set() and not token.is_set():
+                raise WaitInterrupted
+            return
+        await self._wait(token, timeout)
+
+    async def _wait(self, token: asyncio.Event, timeout: float | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._waiters += 1
         try:
             if self._pulse is None or self._pulse.done():
-                self._pulse = asyncio.create_task(self._run_pulse(), name="fairq-wakeups")
+                self._pulse = asyncio.create_task(  # not the waiter's context (STOP_WAITING)
+                    self._run_pulse(), name="fairq-wakeups", context=contextvars.Context()
+                )
             elif self._kick is not None:
                 self._kick.set()  # a new waiter may need an earlier due time
             with contextlib.suppress(TimeoutError):
@@ -119,6 +146,21 @@ class Wakeups:
                     await token.wait()
         finally:
             self._waiters -= 1
+
+    async def _wait_or_stop(
+        self, token: asyncio.Event, stop: asyncio.Event, timeout: float | None
+    ) -> None:
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            waiting = asyncio.ensure_future(self._wait(token, timeout))
+            try:
+                await asyncio.wait({waiting, stopped}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not waiting.done():
+                    waiting.cancel()
+                    await asyncio.gather(waiting, return_exceptions=True)
+        finally:
+            stopped.cancel()
 
     def poke(self) -> None:
         """Make the pulse look now (the backend saw a sign of a change, e.g. an OS file

@@ -17,6 +17,8 @@ from typing import Any, TypeVar
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from ..backends.base import STOP_WAITING, WaitInterrupted
+
 __all__ = ["MAX_WAITING", "Holding", "ShuttingDown", "WaitSlots", "may_wait", "waits"]
 
 T = TypeVar("T")
@@ -28,6 +30,9 @@ class ShuttingDown(Exception):
 
 #: the default most requests waiting at once in one server
 MAX_WAITING = 100
+#: seconds a waiting request's work may run on once the server stops (an engine call on
+#: its way), before it is cancelled
+STOP_GRACE = 1.0
 # request body fields whose positive value makes a request wait (seconds)
 _WAIT_FIELDS = ("wait", "timeout")
 
@@ -64,25 +69,36 @@ class WaitSlots:
         self.closing.set()
 
     async def run(self, work: Awaitable[T]) -> T:
-        """Await a waiting request's ``work``; if the server begins to stop first, cancel it
-        and raise :class:`ShuttingDown` — unless it finished meanwhile (its answer stands).
-        A long poll cancelled so holds no message (a lease taken at that very moment comes
-        back when it runs out: at-least-once); a blocked send stores nothing."""
-        task = asyncio.ensure_future(work)
-        if not self.closing.is_set():
-            closing = asyncio.ensure_future(self.closing.wait())
-            try:
-                await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
-            except asyncio.CancelledError:  # the request itself is cancelled: so is its work
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
-                raise
-            finally:
-                closing.cancel()
+        """Await a waiting request's ``work``; if the server begins to stop first, end it
+        where it waits and raise :class:`ShuttingDown`. The work sees the stop in its waits
+        (:data:`~fairq.backends.base.STOP_WAITING`): a long poll or blocked send that is
+        waiting ends at once having received or stored nothing, while one whose engine call
+        is already on its way gets that call's answer, which stands (a send that stored
+        says so). Work still running ``STOP_GRACE`` seconds into the stop is cancelled."""
+        stop = STOP_WAITING.set(self.closing)
+        try:
+            task = asyncio.ensure_future(work)
+        finally:
+            STOP_WAITING.reset(stop)
+        try:
+            if not self.closing.is_set():
+                closing = asyncio.ensure_future(self.closing.wait())
+                try:
+                    await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    closing.cancel()
+            if not task.done():
+                await asyncio.wait({task}, timeout=STOP_GRACE)
+        except asyncio.CancelledError:  # the request itself is cancelled: so is its work
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            raise
         if not task.done():
             task.cancel()
         try:
             return await task
+        except WaitInterrupted:
+            raise ShuttingDown from None
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise
