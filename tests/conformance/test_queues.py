@@ -162,6 +162,36 @@ async def test_rule4_ack_batch_reports_lost_and_acks_the_rest(
     assert (s.acked, s.visible, s.in_flight) == (1, 1, 0)
 
 
+@pytest.mark.parametrize(
+    "fifo", [False, pytest.param(True, marks=pytest.mark.requires("fifo"))], ids=["plain", "fifo"]
+)
+async def test_rule4_the_old_receipt_of_a_redelivered_message_is_lost_beside_the_new(
+    broker: fairq.Broker, clock: fairq.ManualClock, fifo: bool
+) -> None:
+    """One call with the stale receipt and the current one of the same message (a worker's
+    timed-out handler and the redelivered one finishing together): only the current one
+    counts, for acks, extensions and releases alike."""
+    q = await broker.declare_queue("twice", visibility_timeout=5, fifo=fifo)
+    await q.send(b"x")
+    (old,) = await q.receive()
+    clock.advance(6)
+    (new,) = await q.receive()
+    assert await q.extend_batch([old.receipt, new.receipt], 30) == [old.receipt]
+    assert await q.release_batch([old.receipt, new.receipt]) == [old.receipt]
+    (new,) = await q.receive()
+    with pytest.raises(fairq.LeaseLost) as info:
+        await q.ack_batch([old.receipt, new.receipt])
+    assert info.value.lost == [old.receipt]
+    s = await q.stats()
+    assert (s.acked, s.visible, s.in_flight) == (1, 0, 0)
+    await q.send(b"y")
+    (old,) = await q.receive()
+    clock.advance(6)
+    (new,) = await q.receive()
+    acks = await asyncio.gather(old.ack(), new.ack(), return_exceptions=True)
+    assert isinstance(acks[0], fairq.LeaseLost) and acks[1] is None, acks
+
+
 async def test_rule4_receipt_of_another_queue_is_lost(broker: fairq.Broker) -> None:
     q1 = await broker.declare_queue("one")
     q2 = await broker.declare_queue("two")
