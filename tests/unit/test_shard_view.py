@@ -102,3 +102,28 @@ def test_ties_go_round_and_unknown_shards_come_before_empty_ones() -> None:
     assert sh.unknown(now=0.0) == [1]
     assert sh.unknown(now=100.0) == [0, 1], "shard 0's due time has passed"
     assert sh.next_due() == 99.0
+
+
+def test_a_reply_older_than_a_wake_up_does_not_undo_it() -> None:
+    """A look reads the shard while a slice still runs (its next due time: the slice's lease
+    end, 30 s on); the slice ends meanwhile with a signal due soon, whose reply and wake-up
+    are learnt before the look's reply: that reply must not hide the signal (the stall of
+    test_a_due_signal_costs_one_take_however_many_takers on Redis Cluster)."""
+    sh = _shards(1)
+    sh.learn(0, "0 130 0")  # a slice runs until 130
+    since = sh.mark(0)  # the look starts
+    sh.learn(0, "0 100.025 0", sh.mark(0))  # the slice's end: a signal due at 100.025
+    sh.changed(0)  # its wake-up
+    sh.learn_look(0, [0, b"130"], since)  # the look's reply, read before the end
+    assert sh.views[0].ready is None, "look again"
+    assert sh.unknown(now=100.0) == [0]
+    sh.learn_look(0, [0, b"100.025"], sh.mark(0))  # the look again: the signal
+    assert sh.views[0].ready is False and sh.next_due() == 100.025
+    # a take's reply likewise: the wake-up came while it was on its way
+    since = sh.mark(0)
+    sh.changed(0)
+    sh.learn(0, "0 130 0", since)
+    assert sh.views[0].ready is None
+    # nothing came meanwhile: the reply holds
+    sh.learn(0, "0 130 0", sh.mark(0))
+    assert sh.views[0].ready is False and sh.unknown(now=100.0) == []

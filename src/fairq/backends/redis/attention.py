@@ -287,9 +287,10 @@ class RedisAttention(AttentionReads):
         """Read the shards this broker knows nothing fresh of (read-only, all at once)."""
         todo = sh.unknown(self.clock.now())
         if todo:
+            marks = [sh.mark(s) for s in todo]
             looks = await asyncio.gather(*(self._att("attention_next", domain, s) for s in todo))
-            for s, got in zip(todo, looks, strict=True):
-                sh.learn_look(s, got)
+            for s, got, since in zip(todo, looks, marks, strict=True):
+                sh.learn_look(s, got, since)
 
     async def attention_take(self, domain: str) -> Slice | None:
         _, sh = await self._domain(domain)
@@ -301,17 +302,18 @@ class RedisAttention(AttentionReads):
             lease = f"{self._rng.getrandbits(62) | 1:x}"
             clock, deltas = sh.sync_args(shard)
             sh.took(shard)
+            since = sh.mark(shard)
             got = await self._att(
                 "attention_take", domain, shard, token, clock, deltas, str(n), vt, lease
             )
             now = self.clock.now()
             if len(got) == 2:  # no signal there yielded a slice
                 self._scheduled.add(domain, got[0], now)
-                sh.learn(shard, got[1])
+                sh.learn(shard, got[1], since)
                 continue
             key, queue, token, _plan_name, plan = (_text(x) for x in got[:5])
             self._scheduled.add(domain, got[5], now)
-            sh.learn(shard, got[6])
+            sh.learn(shard, got[6], since)
             sh.charged(shard, got[7], got[8])
             tail = "." + lease
             msgs = [received(item, queue, tail) for item in got[10:]]
@@ -388,13 +390,6 @@ class RedisAttention(AttentionReads):
     ) -> list[str]:
         if not receipts:
             return []
-        if self.opts.cluster:
-            # on Redis Cluster: the acks as a queue's, then the count (a kill -9 between the
-            # two leaves those acks uncounted). Acking inside the count's script stalled
-            # rate-limited slices there now and then (2 of 10 runs of
-            # test_a_due_signal_costs_one_take_however_many_takers; 0 of 18 this way), for a
-            # reason not found yet
-            return await super().attention_progress(domain, token, key, queue, receipts)
         got = await self._att(
             "attention_progress",
             domain,
@@ -431,6 +426,7 @@ class RedisAttention(AttentionReads):
         if not receipts and not back:
             queue = ""
         clock, deltas = sh.sync_args(shard)
+        since = sh.mark(shard)
         got = await self._att(
             "attention_end",
             domain,
@@ -445,7 +441,7 @@ class RedisAttention(AttentionReads):
             *_receipt_args(back),
         )
         self._scheduled.add(domain, got[0], self.clock.now())
-        sh.learn(shard, got[1])
+        sh.learn(shard, got[1], since)
         sh.charged(shard, got[2], got[3])
         return [receipts[int(i) - 1] for i in got[4:]]
 

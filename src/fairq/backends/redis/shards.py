@@ -19,6 +19,15 @@ A charge lost on the way (a broker that dies holding it) costs a little fairness
 message; the same table also spares a look before a take that the last take's reply
 already answered (its shard still had a ready signal), and a look at shards nothing
 happened in (wake-ups name the shard).
+
+A reply may be older than a wake-up that came while its call was on its way: a look
+read the shard before another script's signal, and its reply is learnt after that
+script's reply and wake-up (calls go on several connections, and a look's reply passes
+through ``asyncio.gather``: replies are not learnt in the order their scripts ran).
+Learnt as it is, it would undo the wake-up (nothing ready, the next due time a slice's
+lease end long after the new signal's), and the signal would wait for ``stale_after``.
+So each call is given the shard's wake-up count when it starts (:meth:`Shards.mark`),
+and a wake-up since then is replayed after its reply is learnt.
 """
 
 from __future__ import annotations
@@ -63,6 +72,7 @@ class ShardView:
     count: int = 0
     due: float | None = None
     learnt: float = 0.0  # time.monotonic() when learnt
+    wakes: int = 0  # wake-ups for the shard so far (Shards.mark)
 
     def set_heads(self, count: int, flat: Sequence[Any]) -> None:
         self.ready = count > 0
@@ -95,8 +105,14 @@ class Shards:
         return len(self.ids) > 1
 
     # -- learning ---------------------------------------------------------------------------
-    def learn(self, shard: int, view: bytes | str) -> None:
-        """A script's ``shard_view()``: "clock due count tenant vt ..." ("-": no due)."""
+    def mark(self, shard: int) -> int:
+        """Before a call whose reply is learnt (``since`` of :meth:`learn` and
+        :meth:`learn_look`): the shard's wake-ups so far."""
+        return self.views[shard].wakes
+
+    def learn(self, shard: int, view: bytes | str, since: int | None = None) -> None:
+        """A script's ``shard_view()``: "clock due count tenant vt ..." ("-": no due);
+        ``since``: :meth:`mark` before the call."""
         clock, due, count, *heads = _str(view).split(" ")
         c = float(clock)
         if self.clock is None or c > self.clock:
@@ -104,9 +120,11 @@ class Shards:
         v = self.views[shard]
         v.due = None if due == "-" else float(due)
         v.set_heads(int(count), heads)
+        self._replay(v, since)
 
-    def learn_look(self, shard: int, got: list[Any]) -> None:
-        """``attention_next.lua``'s reply for one shard."""
+    def learn_look(self, shard: int, got: list[Any], since: int | None = None) -> None:
+        """``attention_next.lua``'s reply for one shard; ``since``: :meth:`mark` before
+        the look."""
         v = self.views[shard]
         if int(got[0]):
             if len(got) == 1:  # no such domain: the take says so
@@ -117,13 +135,23 @@ class Shards:
         v.set_heads(0, [])
         due = _str(got[1])
         v.due = float(due) if due else None
+        self._replay(v, since)
+
+    @staticmethod
+    def _replay(v: ShardView, since: int | None) -> None:
+        """A wake-up that came while the call was on its way may be newer than its reply:
+        it holds (look again) rather than the reply's "nothing ready"."""
+        if since is not None and v.wakes != since and v.ready is False:
+            v.ready = None
 
     def changed(self, shard: int | None) -> None:
         """A wake-up for the shard (None: for all, after the subscriber reconnected): what
         had nothing ready may have now."""
         for i, v in enumerate(self.views):
-            if (shard is None or i == shard) and v.ready is False:
-                v.ready = None
+            if shard is None or i == shard:
+                v.wakes += 1
+                if v.ready is False:
+                    v.ready = None
 
     def unknown(self, now: float) -> list[int]:
         """The shards a look must read: never seen, changed, came due or seen too long ago."""
