@@ -839,6 +839,28 @@ async def test_redrive_to_target_with_limit(broker: fairq.Broker) -> None:
         await broker.redrive("src2.dlq", to="nowhere")
 
 
+async def test_redrive_moves_dead_letters_this_process_looked_at(broker: fairq.Broker) -> None:
+    """An operator receives a dead letter to read it, nacks it back, then redrives: it
+    moves (on RabbitMQ the nacked delivery waits in this process's consumer, where no other
+    channel's basic.get finds it)."""
+    q = await broker.declare_queue("looked", max_attempts=1)
+    await q.send_batch([Outgoing(b"a"), Outgoing(b"b"), Outgoing(b"c")])
+    for m in await q.receive(max_messages=3):
+        await m.nack()
+    dlq = broker.queue("looked.dlq")
+    for m in await dlq.receive(max_messages=3, wait=2):
+        await m.nack()
+    assert await broker.redrive("looked.dlq", limit=2) == 2
+    assert await broker.redrive("looked.dlq") == 1
+    assert (await dlq.stats()).visible == 0
+    got = await q.receive(max_messages=5, wait=2)
+    while len(got) < 3:
+        more = await q.receive(max_messages=5, wait=2)
+        assert more, f"only {len(got)} of 3 came back"
+        got += more
+    assert sorted(await bodies(got)) == [b"a", b"b", b"c"]
+
+
 async def test_redrive_keeps_messages_whose_source_is_gone(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("gone", dead_letter="keep.dlq", max_attempts=1)
     await q.send(b"x")

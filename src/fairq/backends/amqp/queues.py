@@ -342,48 +342,71 @@ class AmqpQueues(AmqpLeases):
         if to is not None:
             await self._config(to)
         ch = await self.link.channel(f"redrive:{queue}")
-        moved = kept = 0
+        moved = copied = 0
         arrived: dict[str, int] = {}
+
+        async def move(got: Delivered) -> bool:
+            """Publish ``got`` to its target (to, else its source), or a copy of it back to
+            ``queue``'s tail when it has none; whether that publish was taken."""
+            nonlocal moved, copied
+            props = got.header.properties
+            mid = props.message_id or self._new_id()
+            attrs = attributes_of(dict(props.headers or {}), mid, self._level_queues)
+            target = to or attrs.get("fairq.source")
+            if target is not None and target != queue:
+                try:
+                    await self._config(target)
+                except QueueNotFound:
+                    target = None
+            else:
+                target = None
+            if target is None:
+                item = ("", queue, got.body, dict(attrs), props.priority or 0, mid)
+            else:
+                fresh = redrive_attributes(attrs)
+                item = ("", target, got.body, dict(fresh), props.priority or 0, self._new_id())
+            (took,) = await self._publish([item], f"redriving {queue!r}")
+            if took and target is not None:
+                self._count(target, "sent")
+                self.wakeups.notify([target])
+                arrived[target] = arrived.get(target, 0) + 1
+                moved += 1
+            elif took:
+                copied += 1
+            return bool(took)
+
         try:
+            # first what this process's consumer of the queue holds (delivered to it, so in
+            # no other channel's basic.get: a dead letter received and nacked here waits
+            # in that buffer)
+            feed = self._feeds.get(queue)
+            if feed is not None and feed.channel is not None and feed.live():
+                kept: list[Delivered] = []
+                while feed.held and (limit is None or moved < limit):
+                    got = feed.held.popleft()
+                    if await move(got):
+                        feed.ack(got.delivery.delivery_tag)
+                    else:
+                        kept.append(got)
+                feed.held.extendleft(reversed(kept))
             with driver_errors(f"redriving {queue!r}", self.url.masked):
                 ok = await ch.queue_declare(queue, passive=True)
-            # one pass over what is there now; what stays goes back as a copy at the tail
-            for _ in range(int(ok.message_count or 0)):
+            # one pass over what is there now (not the copies just put at its tail); what
+            # stays goes back as a copy at the tail
+            for _ in range(int(ok.message_count or 0) - copied):
                 if limit is not None and moved >= limit:
                     break
                 with driver_errors(f"redriving {queue!r}", self.url.masked):
                     got = await ch.basic_get(queue, no_ack=False)
                 if isinstance(got.delivery, spec.Basic.GetEmpty):
                     break
-                props = got.header.properties
                 tag = int(got.delivery.delivery_tag or 0)  # type: ignore[union-attr]
-                mid = props.message_id or self._new_id()
-                attrs = attributes_of(dict(props.headers or {}), mid, self._level_queues)
-                target = to or attrs.get("fairq.source")
-                if target is not None and target != queue:
-                    try:
-                        await self._config(target)
-                    except QueueNotFound:
-                        target = None
-                else:
-                    target = None
-                if target is None:
-                    item = ("", queue, got.body, dict(attrs), props.priority or 0, mid)
-                    kept += 1
-                else:
-                    fresh = redrive_attributes(attrs)
-                    item = ("", target, got.body, dict(fresh), props.priority or 0, self._new_id())
-                (took,) = await self._publish([item], f"redriving {queue!r}")
+                took = await move(got)
                 with driver_errors(f"redriving {queue!r}", self.url.masked):
                     if took:
                         await ch.basic_ack(tag)
                     else:
                         await ch.basic_nack(tag, requeue=True)
-                if took and target is not None:
-                    self._count(target, "sent")
-                    self.wakeups.notify([target])
-                    arrived[target] = arrived.get(target, 0) + 1
-                    moved += 1
         finally:
             self.link.forget(f"redrive:{queue}")
             with contextlib.suppress(Exception):
