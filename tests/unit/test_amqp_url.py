@@ -31,6 +31,23 @@ def test_parse_url_splits_fairq_options_from_the_broker_url() -> None:
     assert "s3cret" not in u.masked and "pw@" not in u.masked
 
 
+def test_a_store_urls_own_options_must_be_encoded_not_given_to_rabbitmq() -> None:
+    """``store=postgresql://...?pool_max=3&schema=jobs``: the ``&`` ends the store's URL,
+    so ``schema`` would have gone to RabbitMQ's client and the store used the default
+    schema, unseen. It is refused, naming the option and the fix."""
+    from urllib.parse import quote
+
+    with pytest.raises(fairq.InvalidOption, match=r"unknown option\(s\) schema.*percent-encode"):
+        parse_url("amqp://h/v?store=postgresql://db/x?pool_max=3&schema=jobs")
+    with pytest.raises(fairq.InvalidOption, match="prefix"):
+        parse_url("amqp://h/v?store=redis://cache/0&prefix=app:")
+    store = "postgresql://u:pw@db/x?pool_max=3&schema=jobs"
+    u = parse_url(f"amqp://h/v?store={quote(store, safe='')}")
+    assert u.store == store and u.broker == "amqp://h/v"
+    assert "pw" not in u.masked
+    assert "pw" not in mask_url("amqp://h/v?store=redis%3A%2F%2F%3Apw%40cache%3A6379%2F0")
+
+
 def test_nested_store_passwords_are_masked() -> None:
     masked = mask_url("amqp://u:one@h/v?store=postgresql://p:two@db/x?password=three")
     assert not any(s in masked for s in ("one", "two", "three"))

@@ -16,6 +16,12 @@ from .base import Backend
 __all__ = ["backend_class", "mask_url", "open_backend"]
 
 
+# the user info of a URL percent-encoded inside another's parameter (?store=redis%3A%2F%2F
+# user%3Apassword%40host...): "//user:" then the password up to "@"
+_ENCODED_USERINFO = re.compile(
+    r"(%2F%2F(?:(?!%3A|%40|%2F)[^/&#])*%3A)(?:(?!%40|%2F)[^/&#])*%40", re.IGNORECASE
+)
+
 # query parameters that carry secrets (psycopg's ``password``, ``sslpassword``, ...), also
 # percent-encoded inside another URL's parameter (amqp://...?store=postgresql%3A...)
 _SECRET_PARAMS = re.compile(
@@ -30,6 +36,7 @@ def mask_url(url: str) -> str:
     """``url`` with its passwords — in the user info (also of a ``?store=`` URL inside it) or
     a query parameter such as ``?password=`` — replaced by ``***``."""
     masked = re.sub(r"(//[^:/@]*:)[^@/]*@", r"\1***@", url)
+    masked = _ENCODED_USERINFO.sub(r"\1***%40", masked)
     return _SECRET_PARAMS.sub(r"\1***", masked)
 
 

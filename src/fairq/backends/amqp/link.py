@@ -77,6 +77,10 @@ def _fits_surely(headers: dict[str, Any], frame_max: int) -> bool:
 
 
 _OPTIONS = ("store", "prefetch", "management", "timeout", "name", "attention_queues")
+# the query options aiormq itself reads (TLS files, heartbeat, authentication)
+_DRIVER_OPTIONS = (
+    "cafile", "capath", "cadata", "keyfile", "certfile", "no_verify_ssl", "heartbeat", "auth",
+)  # fmt: skip
 
 
 class _OpeningFailures(logging.Filter):
@@ -142,8 +146,10 @@ def parse_url(url: str) -> AmqpUrl:
     (``http://host:15672`` by default, ``off`` to never use the HTTP API), ``timeout``
     (seconds to connect, default 10), ``name`` (the connection name shown by RabbitMQ),
     ``attention_queues`` (``classic``, the default, or ``quorum``: the type of attention
-    work queues).
-    Any other query option is passed to aio-pika.
+    work queues). The driver's own (``heartbeat``, ``auth`` and the TLS files ``cafile``,
+    ``capath``, ``cadata``, ``keyfile``, ``certfile``, ``no_verify_ssl``) are passed to it;
+    any other is refused: an ``&`` inside an unencoded ``store=`` URL would otherwise give
+    the store's options (``schema``, ``prefix`` ...) to RabbitMQ's client, unseen.
     """
     masked = mask_url(url)
     parts = urlsplit(url)
@@ -151,6 +157,18 @@ def parse_url(url: str) -> AmqpUrl:
     query = parse_qsl(parts.query, keep_blank_values=True)
     ours = {k: v for k, v in query if k in _OPTIONS}
     theirs = [(k, v) for k, v in query if k not in _OPTIONS]
+    unknown = sorted({k for k, _ in theirs if k not in _DRIVER_OPTIONS})
+    if unknown:
+        hint = ""
+        if "store" in ours:
+            hint = (
+                "; if they belong to the store's URL, percent-encode that URL in store= "
+                "(urllib.parse.quote(store_url, safe=''))"
+            )
+        raise InvalidOption(
+            f"unknown option(s) {', '.join(unknown)} in {masked!r}: a RabbitMQ URL takes "
+            f"{', '.join(_OPTIONS)} and the driver's {', '.join(_DRIVER_OPTIONS)}{hint}"
+        )
     try:
         port = parts.port or (5671 if tls else 5672)
     except ValueError as exc:
