@@ -86,9 +86,37 @@ class Blocking:
     def _wrap(self, value: Any) -> Any:
         if isinstance(value, list):
             return [self._wrap(v) for v in value]
-        if _has_async_methods(type(value)):
+        kind = type(value)
+        if _has_async_methods(kind) or hasattr(kind, "__aenter__") or hasattr(kind, "__anext__"):
             return Blocking(value, self._runner)
         return value
+
+    # an async context manager (``store.once(...)``, a listener) is a plain one here, and an
+    # async iterator (``topic.listen()``) a plain iterator
+    def __enter__(self) -> Any:
+        if not hasattr(type(self._target), "__aenter__"):
+            raise TypeError(f"{type(self._target).__name__} is not a context manager")
+        return self._wrap(self._runner.run(self._target.__aenter__()))
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        result: bool | None = self._runner.run(self._target.__aexit__(exc_type, exc, tb))
+        return result
+
+    def __iter__(self) -> Iterator[Any]:
+        if not hasattr(type(self._target), "__anext__"):
+            raise TypeError(f"{type(self._target).__name__} is not iterable")
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return self._wrap(self._runner.run(self._target.__anext__()))
+        except StopAsyncIteration:
+            raise StopIteration from None
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._target, name)

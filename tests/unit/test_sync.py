@@ -57,3 +57,30 @@ def test_errors_surface_unchanged() -> None:
             broker.declare_queue("bad name")
     with pytest.raises(fairq.ConnectionError):
         fairq.connect_sync("bogus://x")
+
+
+def test_async_context_managers_and_iterators_block_too(tmp_path: Path) -> None:
+    """``with store.once(...)``, ``with topic.listen()`` and ``for m in listener`` as in
+    async code (README: "the same API blocks")."""
+    with fairq.connect_sync(f"sqlite:///{tmp_path / 'c.db'}") as broker:
+        store = broker.idempotency("mailer")
+        with store.once("order-1", lease=5) as first:
+            assert first is True
+        with store.once("order-1") as again:
+            assert again is False, "done once already"
+        with pytest.raises(RuntimeError), store.once("order-2") as first:
+            raise RuntimeError("the block failed: the claim is released")
+        with store.once("order-2") as first:
+            assert first is True, "a retry runs"
+        t = broker.declare_topic("orders")
+        with t.listen() as listener:
+            t.publish({"n": 1})
+            t.publish({"n": 2})
+            got = []
+            for m in listener:
+                got.append(m.json()["n"])
+                if len(got) == 2:
+                    break
+        assert got == [1, 2]
+        with pytest.raises(TypeError, match="not a context manager"), broker.queue("x"):
+            pass
