@@ -52,6 +52,16 @@ DEFAULT_LISTEN_BUFFER = 1000
 
 
 # -- ephemeral listeners -------------------------------------------------------------------
+async def next_within(listener: AsyncIterator[Received], timeout: float | None) -> Received | None:
+    """A listener's next message, or None after ``timeout`` seconds or once it has ended
+    (``get`` of :class:`Listener` and of the HTTP client's listener)."""
+    try:
+        async with asyncio.timeout(timeout):
+            return await anext(listener)
+    except (TimeoutError, StopAsyncIteration):
+        return None
+
+
 class Listener:
     """An ephemeral, at-most-once subscription: an async iterator of what is published to
     its topic while it listens. Nothing is stored for it; when it falls more than
@@ -121,11 +131,7 @@ class Listener:
 
     async def get(self, timeout: float | None = None) -> Received | None:
         """The next message, or None after ``timeout`` seconds (or once closed)."""
-        try:
-            async with asyncio.timeout(timeout):
-                return await self.__anext__()
-        except (TimeoutError, StopAsyncIteration):
-            return None
+        return await next_within(self, timeout)
 
     async def close(self) -> None:
         """Stop listening; iteration ends once the buffer is drained."""

@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import orjson
 
-from ..attention import AttentionConfig, AttentionStats, KeyStats, Plan, TenantStats
+from ..attention import AttentionConfig, AttentionStats, KeyStats, TenantStats
 from ..errors import ConnectionError, InvalidMessage, LeaseLost, QueueFull
 from ..message import Outgoing, Received, check_key
 from ..model.topics import Subscription, TopicConfig
-from ..pubsub import PublishResult, TopicStats
+from ..pubsub import PublishResult, TopicStats, next_within
 from ..queue import QueueConfig, QueueStats
 from .errors import RemoteError, exception_from
 
@@ -410,11 +410,7 @@ class RemoteListener:
 
     async def get(self, timeout: float | None = None) -> Received | None:
         """The next message, or None after ``timeout`` seconds (or once the stream ended)."""
-        try:
-            async with asyncio.timeout(timeout):
-                return await self.__anext__()
-        except (TimeoutError, StopAsyncIteration):
-            return None
+        return await next_within(self, timeout)
 
     async def _events(self) -> AsyncIterator[Received]:
         http = self._client._http
@@ -535,16 +531,8 @@ class RemoteAttention(_RemoteHandle):
 
     async def config(self) -> AttentionConfig:
         """The options the domain is declared with."""
-        c = (await self._client.request("GET", f"/v1/attention/{self.name}"))["config"]
-        return AttentionConfig(
-            plans={n: Plan(**p) for n, p in c["plans"].items()},
-            default_plan=c["default_plan"],
-            work_queue=c["work_queue"],
-            queue_options=c["queue_options"],
-            slice_lease=c["slice_lease"],
-            charge=c["charge"],
-            shards=c["shards"],
-        )
+        data = await self._client.request("GET", f"/v1/attention/{self.name}")
+        return AttentionConfig.from_dict(data["config"])
 
     async def queue(self, key: str) -> RemoteQueue:
         """The work queue handle of ``key`` (for stats, peeking, redrive)."""
