@@ -143,6 +143,34 @@ async def test_the_broker_is_back_soon_after_a_long_outage(
     assert not noise, "the pool's retries of fairq's own connections are not logged"
 
 
+async def test_a_send_waiting_through_an_outage_goes_through_once_the_server_is_back(
+    cluster: Cluster,
+) -> None:
+    """A send that began while the server was down waits for a connection (its timeout:
+    20 s here). The pool's retry chain for it gives up after 5 s; the server is back after
+    8 s. Before, that send waited out its whole timeout and failed; now it asks again each
+    second, starting a new chain, and is stored soon after the server is back."""
+    url = f"{cluster.url}?schema=waiting&timeout=20&connect_timeout=2"
+    async with await fairq.connect(url) as b:
+        q = await b.declare_queue("jobs")
+        await q.send(b"before")
+        await asyncio.to_thread(cluster.stop)
+        try:
+            with pytest.raises(fairq.ConnectionError):
+                await q.send(b"meets the dead connection")  # the pooled one: fails at once
+            started = time.monotonic()
+            waiting = asyncio.create_task(q.send(b"waits"))
+            await asyncio.sleep(8)
+            assert not waiting.done(), "it waits for a connection meanwhile"
+        finally:
+            await asyncio.to_thread(cluster.start)
+        back = time.monotonic()
+        await asyncio.wait_for(waiting, 20)
+        took = time.monotonic() - back
+        assert took < 4, f"stored {took:.1f} s after the server was back ({back - started:.0f} s)"
+        assert (await q.stats()).visible == 2
+
+
 _SENDER = """
 import asyncio, faulthandler, signal, sys, time
 import fairq

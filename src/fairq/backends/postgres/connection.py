@@ -278,6 +278,8 @@ SUSPECT_FOR = 30.0
 #: seconds the pool retries one failed connection (its delays double from 1 s) before it
 #: gives that chain up; a new one starts when an operation next needs a connection
 RECONNECT_CHAIN = 5.0
+#: seconds of one request for a pooled connection (see ``Pool._getconn``)
+GETCONN_SLICE = 1.0
 
 
 class _QuietPoolRetries(logging.Filter):
@@ -533,7 +535,7 @@ class Pool:
         trip is not part of the operation's. ``wakes`` False: the work notes none; a
         callable: asked once the work is done (an operation that reports whether it noted
         any, so the common case costs no second round trip)."""
-        conn = await self.pool.getconn(timeout=self.options.timeout)
+        conn = await self._getconn()
         flushing = False
         try:
             with deadline.using(conn) if deadline is not None else contextlib.nullcontext():
@@ -553,6 +555,23 @@ class Pool:
                 if deadline is not None:
                     await deadline.discard(conn)
                 await self.pool.putconn(conn)
+
+    async def _getconn(self) -> psycopg.AsyncConnection[Any]:
+        """A pooled connection within the ``timeout`` option, asked for in slices of
+        :data:`GETCONN_SLICE`: the pool starts a connection for a request that has to wait,
+        and retries it for :data:`RECONNECT_CHAIN` seconds, but a request already waiting
+        when that chain gave up starts no other. One long wait through an outage of more
+        than 5 s so waited its whole timeout (30 s) however soon the server was back; each
+        new slice starts a new chain."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + self.options.timeout
+        while True:
+            remaining = end - loop.time()
+            try:
+                return await self.pool.getconn(timeout=max(0.001, min(remaining, GETCONN_SLICE)))
+            except PoolTimeout:
+                if remaining <= GETCONN_SLICE:
+                    raise
 
     async def _flush_then_return(self, conn: psycopg.AsyncConnection[Any]) -> None:
         limit = Deadline(self.options.timeout)
