@@ -412,3 +412,20 @@ async def test_through_uvicorn_with_concurrent_duplicates(live_broker: fairq.Bro
     assert replay.headers["idempotent-replayed"] == "true"
     assert replay.json() == {"order": "o-1", "echo": {"n": 7}}
     assert len(shop.runs) == 1
+
+
+async def test_a_store_that_is_away_answers_503_and_runs_nothing(
+    shop: Shop, broker: fairq.Broker
+) -> None:
+    """The key cannot be checked while its engine is down: a JSON 503 with Retry-After
+    (retry with the same key), not a plain-text 500, and the request does not run."""
+
+    class Away(fairq.IdempotencyStore):
+        async def try_claim(self, *args: Any, **kwargs: Any) -> Any:
+            raise fairq.ConnectionError("redis at redis://cache:6379/0: connection refused")
+
+    async with client(shop.app(Away(broker.backend, "http", 3600))) as c:
+        r = await c.post("/orders", json={"seats": ["B-12"]}, headers=headers())
+    problem(r, 503, "backend_unavailable")
+    assert r.headers["retry-after"] == "1"
+    assert shop.runs == []

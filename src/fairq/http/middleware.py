@@ -49,7 +49,7 @@ from typing import Any
 
 import orjson
 
-from ..errors import FairqError, InvalidName, InvalidOption
+from ..errors import BackendError, ConnectionError, FairqError, InvalidName, InvalidOption
 from ..idempotency import Claim, IdempotencyRecord, IdempotencyStore
 from ..message import check_key
 
@@ -279,7 +279,19 @@ class IdempotencyMiddleware:
             if credentials is not None:
                 key = "c:" + hashlib.sha256(credentials + b"\0" + key.encode()).hexdigest()
         fp = fingerprint(scope["method"], scope["path"], scope.get("query_string", b""), body)
-        got = await self.store.try_claim(key, self.lease, fingerprint=fp)
+        try:
+            got = await self.store.try_claim(key, self.lease, fingerprint=fp)
+        except (ConnectionError, BackendError) as exc:  # the key's store is away: retry
+            await self._problem(
+                send,
+                503,
+                "backend_unavailable",
+                f"{self.header} cannot be checked now",
+                f"the store of idempotency keys did not answer ({exc}); nothing was done: "
+                "retry with the same key",
+                [(b"retry-after", b"1")],
+            )
+            return
         if isinstance(got, Claim):
             await self._run(got, scope, body, receive, send)
         else:
