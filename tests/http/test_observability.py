@@ -3,6 +3,7 @@ overview, the OpenAPI document and its reference page, and the one error table."
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import re
 from pathlib import Path
@@ -95,6 +96,24 @@ async def test_healthz() -> None:
     async with serving() as s:
         r = await s.http.get("/healthz")
         assert r.json() == {"status": "ok", "backend": "memory://"}
+
+
+async def test_healthz_answers_503_soon_when_the_backend_hangs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An engine that does not answer (PostgreSQL waiting out its 30 s timeout) makes the
+    probe answer 503 after HEALTH_TIMEOUT, not hang with it."""
+    from fairq.http import api
+
+    monkeypatch.setattr(api, "HEALTH_TIMEOUT", 0.2)
+    async with serving() as s:
+
+        async def hangs() -> None:
+            await asyncio.sleep(30)
+
+        monkeypatch.setattr(s.broker.backend, "ping", hangs)
+        r = await asyncio.wait_for(s.http.get("/healthz"), 5)
+        assert r.status_code == 503 and r.json()["error"] == "backend_unavailable"
 
 
 async def test_sampler_measures_rates_and_littles_law() -> None:

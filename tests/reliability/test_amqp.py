@@ -154,12 +154,16 @@ async def test_a_killed_broker_loses_no_confirmed_send(node: RabbitNode, tmp_pat
         ids += [await q.send(b"one")]
         prio_ids = await prio.send_batch([fairq.Outgoing(b"p", priority=2) for _ in range(50)])
         (leased,) = await q.receive()
+        await broker.backend.ping()
         await asyncio.to_thread(node.kill)
         with pytest.raises(fairq.ConnectionError):
             await q.send(b"during")
+        with pytest.raises(fairq.ConnectionError):  # the health check asks RabbitMQ too
+            await broker.backend.ping()
         await asyncio.to_thread(node.start)
         deadline = time.monotonic() + 60
         seen = await _take_back(q, ids, deadline)
+        await broker.backend.ping()
         assert set(seen) == set(ids), f"{len(set(ids) - set(seen))} confirmed sends were lost"
         assert leased.id in seen
         got = []

@@ -255,6 +255,11 @@ class Backend(ABC):
     async def list_queues(self, prefix: str = "") -> list[str]:
         """Names of the queues starting with ``prefix``, sorted."""
 
+    async def ping(self) -> None:
+        """Return once every engine this backend needs has answered (a server's health
+        check); ``ConnectionError`` if one does not. The default lists the queues."""
+        await self.list_queues("")
+
     # -- messages --------------------------------------------------------------------------
     @abstractmethod
     async def send(self, queue: str, envelopes: list[Envelope]) -> list[str]:

@@ -12,6 +12,7 @@ idempotency have a module each (``api_topics``, ``api_attention``, ``api_rooms``
 
 from __future__ import annotations
 
+import asyncio
 from urllib.parse import urlsplit
 
 import msgspec
@@ -19,7 +20,7 @@ from starlette.responses import Response
 
 from ..attention import KeyStats
 from ..broker import Broker
-from ..errors import QueueNotFound
+from ..errors import ConnectionError, QueueNotFound
 from ..message import check_name
 from ..waitingroom import RoomStats, Status, Ticket
 from . import api_attention as att
@@ -152,8 +153,16 @@ async def overview(c: Call) -> m.Overview:
     return msgspec.structs.replace(view, auth=c.state.auth) if c.state.auth else view
 
 
+#: seconds /healthz waits for the backend's engines before it answers 503
+HEALTH_TIMEOUT = 5.0
+
+
 async def healthz(c: Call) -> m.Health:
-    await c.broker.list_queues("")  # the backend answers
+    try:  # every engine of the backend answers, soon: a probe must not hang for 30 s
+        async with asyncio.timeout(HEALTH_TIMEOUT):
+            await c.broker.backend.ping()
+    except TimeoutError:
+        raise ConnectionError(f"the backend did not answer within {HEALTH_TIMEOUT:g} s") from None
     # the URL names hosts, users, paths: only for callers who may read the server anyway
     url = c.broker.url
     return m.Health("ok", url if c.principal is not None else urlsplit(url).scheme)

@@ -166,6 +166,14 @@ class AmqpQueues(AmqpLeases):
         self._check_open()
         return await self.store.list_queues(prefix)
 
+    async def ping(self) -> None:
+        """The store, and RabbitMQ itself (a passive declare of ``amq.direct``, which every
+        vhost has): listing the queues asks only the store."""
+        await self.store.ping()
+        admin = await self.link.channel("admin")
+        with driver_errors("checking the broker", self.url.masked):
+            await admin.exchange_declare("amq.direct", exchange_type="direct", passive=True)
+
     async def _store_copies(
         self, queue: str, config: QueueConfig, envelopes: list[Envelope], ids: list[str]
     ) -> None:
