@@ -94,6 +94,34 @@ async def test_wrong_password_is_a_connection_error_with_the_password_masked(
         server.stop()
 
 
+@pytest.mark.skipif(not available(), reason="redis-server is not installed")
+async def test_a_redis_that_evicts_keys_is_warned_of(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A cache-configured Redis (allkeys-lru) deletes confirmed messages under memory
+    pressure: connecting says so once; the default noeviction says nothing."""
+    server = RedisServer(tmp_path, None, "--maxmemory", "50mb", "--maxmemory-policy", "allkeys-lru")
+    server.start()
+    try:
+        with caplog.at_level("WARNING", logger="fairq"):
+            async with await fairq.connect(server.url):
+                pass
+        (warning,) = [r for r in caplog.records if "evicts keys" in r.getMessage()]
+        assert "allkeys-lru" in warning.getMessage() and "noeviction" in warning.getMessage()
+        caplog.clear()
+        import redis
+
+        r = redis.Redis(port=server.port)
+        r.config_set("maxmemory-policy", "noeviction")
+        r.close()
+        with caplog.at_level("WARNING", logger="fairq"):
+            async with await fairq.connect(server.url):
+                pass
+        assert not [r for r in caplog.records if "evicts keys" in r.getMessage()]
+    finally:
+        server.stop()
+
+
 # -- the server's clock --------------------------------------------------------------------
 async def test_server_clock_ignores_the_client_clock(shared_url: str) -> None:
     clock = fairq.ManualClock(start=1_000_000_000.0)  # years behind the server

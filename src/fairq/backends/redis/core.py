@@ -81,10 +81,33 @@ class RedisCore(Backend):
                 driver_error(exc, self.url)
             except BackendError as err:  # at open, any failure means "cannot connect"
                 raise ConnectionError(f"cannot open {self.url!r}: {err}") from exc
+        await self._check_eviction()
         self._subscriber = Subscriber(
             self.opts, where, self._on_wake, self._on_reset, self._on_listen
         )
         await self._subscriber.start(self.opts.connect_timeout)
+
+    async def _check_eviction(self) -> None:
+        """Warn when Redis may evict keys to stay under ``maxmemory``: a policy other than
+        ``noeviction`` deletes queued messages (and idempotency records) that a send had
+        already confirmed — silently, the queue itself may vanish. With ``noeviction`` a full
+        Redis refuses writes instead (``BackendError``) and loses nothing."""
+        try:
+            info = await self._client.info("memory")
+        except Exception:  # INFO may be renamed or refused (managed Redis): no check then
+            log.debug("INFO memory failed; eviction policy not checked", exc_info=True)
+            return
+        nodes = [info] if "maxmemory_policy" in info else list(info.values())
+        policies = {str(n.get("maxmemory_policy")) for n in nodes if isinstance(n, dict)}
+        evicting = sorted(p for p in policies if p not in ("noeviction", "None"))
+        if evicting:
+            log.warning(
+                "redis at %s evicts keys under memory pressure (maxmemory-policy %s): "
+                "queued messages that sends confirmed can be deleted without a trace; "
+                "set maxmemory-policy noeviction (a full Redis then refuses sends instead)",
+                self.url,
+                ", ".join(evicting),
+            )
 
     async def _close_client(self) -> None:
         client, self._client = self._client, None
