@@ -93,7 +93,11 @@ class RedisCore(Backend):
         already confirmed — silently, the queue itself may vanish. With ``noeviction`` a full
         Redis refuses writes instead (``BackendError``) and loses nothing."""
         try:
-            info = await self._client.info("memory")
+            client: Any = self._client
+            if self.opts.cluster:  # every primary's (a cluster's INFO asks one node)
+                info = await client.info("memory", target_nodes=client.PRIMARIES)
+            else:
+                info = await client.info("memory")
         except Exception:  # INFO may be renamed or refused (managed Redis): no check then
             log.debug("INFO memory failed; eviction policy not checked", exc_info=True)
             return
