@@ -255,6 +255,11 @@ class Backend(ABC):
     async def list_queues(self, prefix: str = "") -> list[str]:
         """Names of the queues starting with ``prefix``, sorted."""
 
+    def consumer_window(self, queue: str, n: int) -> None:  # noqa: B027 - optional hook
+        """This process will run at most ``n`` of ``queue``'s messages at a time (a
+        worker's concurrency): a backend that prefetches deliveries (RabbitMQ) holds no
+        more than that. Nothing to do by default."""
+
     async def ping(self) -> None:
         """Return once every engine this backend needs has answered (a server's health
         check); ``ConnectionError`` if one does not. The default lists the queues."""

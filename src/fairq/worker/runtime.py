@@ -228,6 +228,9 @@ class Runtime:
         assert self._broker is not None
         c.queue = self._broker.queue(c.name)
         config = await c.queue.config()
+        # what this worker can run of the queue at once is all a consumer may hold (an
+        # engine that prefetches, RabbitMQ, would else hold messages no handler runs)
+        c.queue._backend.consumer_window(c.name, min(c.concurrency, self.concurrency))
         c.lease = c.visibility_timeout or config.visibility_timeout
         c.max_attempts = config.max_attempts
 

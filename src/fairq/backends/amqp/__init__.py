@@ -60,7 +60,8 @@ class AmqpBackend(AmqpAttention):
         "priority.prefetch": "priorities order what is still in RabbitMQ: what a consumer "
         "has already prefetched is handed out before higher priorities sent after it",
         "attempts.prefetch": "a consumer process that dies counts an attempt for every message "
-        "it had prefetched (x-delivery-count), leased or not",
+        "it had prefetched (x-delivery-count), leased or not; a fairq.Worker prefetches only "
+        "what it can run (its concurrency)",
         "batches.atomic": "send_batch waits for every confirm, but a producer killed (or a "
         "connection dropped) mid-batch leaves the batch's first messages stored",
         "peek": "peek raises Unsupported: reading without taking moves a message on RabbitMQ",

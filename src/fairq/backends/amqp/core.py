@@ -45,6 +45,9 @@ class AmqpCore(Backend):
         self.link.on_reconnect.append(self._reconnected)
         self._configs: dict[str, tuple[QueueConfig, float]] = {}
         self._feeds: dict[str, Feed] = {}
+        #: the most deliveries this process's consumer of a queue may hold, when a worker
+        #: said how many it can run (``consumer_window``); else the URL's ``prefetch``
+        self._windows: dict[str, int] = {}
         self._leases: dict[str, Lease] = {}
         # (deadline, receipt) of each lease; stale ones go at the top or on compaction
         self._deadlines: list[tuple[float, str]] = []

@@ -34,8 +34,21 @@ class AmqpLeases(AmqpCore):
     def _feed(self, queue: str) -> Feed:
         feed = self._feeds.get(queue)
         if feed is None:
-            feed = self._feeds[queue] = Feed(queue, self.link, self.url.prefetch, self._delivered)
+            prefetch = min(self.url.prefetch, self._windows.get(queue, self.url.prefetch))
+            feed = self._feeds[queue] = Feed(queue, self.link, prefetch, self._delivered)
         return feed
+
+    def consumer_window(self, queue: str, n: int) -> None:
+        """The consumer of ``queue`` holds at most ``n`` deliveries (``basic.qos``): a
+        delivery this process holds counts an attempt when the process dies or RabbitMQ
+        restarts, started or not, and is out of other workers' reach — so a worker that
+        can run ``n`` at a time prefetches ``n``, not the URL's ``prefetch`` (200). A
+        consumer already started takes it when its channel next opens."""
+        n = max(n, self._windows.get(queue, 0))
+        self._windows[queue] = n
+        feed = self._feeds.get(queue)
+        if feed is not None:
+            feed.prefetch = min(self.url.prefetch, n)
 
     def _delivered(self, queue: str) -> None:
         self.wakeups.notify([queue])
