@@ -224,6 +224,31 @@ async def test_killed_consumer_loses_nothing_and_its_messages_return_at_once(
         assert (s.visible, s.in_flight, s.acked) == (0, 0, 200)
 
 
+async def test_a_frozen_consumers_messages_return_when_rabbitmq_drops_it(amqp_url: str) -> None:
+    """Only the holder ends its leases on RabbitMQ, so a consumer that freezes (SIGSTOP, a
+    paused VM) keeps them until RabbitMQ drops its connection for missed heartbeats: fairq
+    asks for 10 s (link.HEARTBEAT: ~30 s), here 2 s, instead of aiormq's 60 (~3 min)."""
+    url = amqp_url + "&heartbeat=2"
+    async with await fairq.connect(url) as broker:
+        q = await broker.declare_queue("work", visibility_timeout=300)
+        await q.send_batch([fairq.Outgoing(str(i)) for i in range(10)])
+    child = spawn("hold", url, 10)
+    try:
+        assert len(read_line(child, "leased").split()[1:]) == 10
+        child.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        async with await fairq.connect(url) as broker:
+            got: list[fairq.Received] = []
+            while len(got) < 10 and time.monotonic() - started < 30:
+                got += await broker.queue("work").receive(max_messages=10, wait=2)
+            took = time.monotonic() - started
+            assert len(got) == 10, "the frozen consumer's messages did not come back"
+            assert took < 15, f"they came back after {took:.0f} s"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+
+
 async def test_killed_producer_loses_no_returned_batch(amqp_url: str) -> None:
     async with await fairq.connect(amqp_url) as broker:
         await broker.declare_queue("work")

@@ -43,9 +43,15 @@ def test_a_store_urls_own_options_must_be_encoded_not_given_to_rabbitmq() -> Non
         parse_url("amqp://h/v?store=redis://cache/0&prefix=app:")
     store = "postgresql://u:pw@db/x?pool_max=3&schema=jobs"
     u = parse_url(f"amqp://h/v?store={quote(store, safe='')}")
-    assert u.store == store and u.broker == "amqp://h/v"
+    assert u.store == store and u.broker == "amqp://h/v?heartbeat=10"
     assert "pw" not in u.masked
     assert "pw" not in mask_url("amqp://h/v?store=redis%3A%2F%2F%3Apw%40cache%3A6379%2F0")
+
+
+def test_the_heartbeat_is_10_s_unless_the_url_says(  # a frozen holder is dropped in ~30 s
+) -> None:
+    assert parse_url("amqp://h/v?store=memory://").broker == "amqp://h/v?heartbeat=10"
+    assert parse_url("amqp://h/v?store=memory://&heartbeat=60").broker == "amqp://h/v?heartbeat=60"
 
 
 def test_nested_store_passwords_are_masked() -> None:

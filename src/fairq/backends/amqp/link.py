@@ -77,6 +77,11 @@ def _fits_surely(headers: dict[str, Any], frame_max: int) -> bool:
 
 
 _OPTIONS = ("store", "prefetch", "management", "timeout", "name", "attention_queues")
+#: the heartbeat (seconds) fairq asks for unless the URL gives one (aiormq's default: 60).
+#: Only the process holding a delivery can end its lease, so one that freezes (SIGSTOP, a
+#: paused VM, an event loop blocked for good) keeps its deliveries until RabbitMQ drops the
+#: connection, after two or three missed heartbeats: ~30 s with 10, ~3 minutes with 60
+HEARTBEAT = 10
 # the query options aiormq itself reads (TLS files, heartbeat, authentication)
 _DRIVER_OPTIONS = (
     "cafile", "capath", "cadata", "keyfile", "certfile", "no_verify_ssl", "heartbeat", "auth",
@@ -189,6 +194,8 @@ def parse_url(url: str) -> AmqpUrl:
     management: str | None = ours.get("management", f"http://{host}:15672")
     if management in ("off", "none", ""):
         management = None
+    if not any(k == "heartbeat" for k, _ in theirs):
+        theirs.append(("heartbeat", str(HEARTBEAT)))
     query_rest = "&".join(f"{quote(k)}={quote(v)}" for k, v in theirs)
     broker = urlunsplit((parts.scheme, parts.netloc, parts.path or "/", query_rest, ""))
     return AmqpUrl(
