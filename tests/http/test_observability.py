@@ -282,3 +282,30 @@ async def test_metrics_of_tenants_keep_to_the_top_ten() -> None:
     assert sum(shares.values()) <= 1.0
     assert m[("fairq_attention_tenants_at_cap", (("domain", "market"),))] == 1
     await broker.close()
+
+
+async def test_littles_law_counts_failed_attempts_as_handlings() -> None:
+    """A nacked or dead-lettered attempt held a worker as an acked one did: W is in flight
+    over all handlings that ended, and each message needs its attempts (the review's
+    10 % failing queue showed 0.068 s for 0.050 s and 13.6 workers for 12)."""
+    clock = fairq.ManualClock()
+    broker = await fairq.connect("memory://", clock=clock)
+    q = await broker.declare_queue("jobs", max_attempts=2)
+    sampler = Sampler(broker, interval=2.0, keep=60.0, window=30.0)
+    await sampler.fresh(record=True)
+    # 10 s: 100 sent; 40 acked, 10 nacked, 10 rejected (dead letters): 60 handlings ended
+    # (6/s) of 50 messages finished (5/s): 1.2 attempts a message; 20 in flight at the end
+    await q.send_batch([fairq.Outgoing(i) for i in range(100)])
+    got = await q.receive(80)
+    await q.ack_batch([m.receipt for m in got[:40]])
+    for m in got[40:50]:
+        await m.nack(delay=60)
+    for m in got[50:60]:
+        await m.dead_letter("bad")
+    clock.advance(10)
+    await sampler.fresh(record=True)
+    send_rate, ack_rate, handling, workers = sampler.rates("jobs")
+    assert (send_rate, ack_rate) == (pytest.approx(10.0), pytest.approx(4.0))
+    assert handling == pytest.approx(10 / 6), "mean in flight 10 over 6 handlings/s"
+    assert workers == pytest.approx(10 * 1.2 * 10 / 6), "λ × attempts a message × W = 20"
+    await broker.close()

@@ -2,11 +2,14 @@
 buffer (the last 15 minutes by default), so the dashboard can chart depth and rates and
 size workers without anyone keeping a Prometheus.
 
-From two samples ``Δt`` apart it measures, per queue, the arrival rate λ (``Δsent/Δt``)
-and the ack rate (``Δacked/Δt``); the mean handling time is ``W = in_flight / ack rate``
-(Little's law on the in-flight part: L = λW, with in_flight averaged over the window),
-and the workers a queue needs is ``λ × W`` — what must be busy at once for the queue
-not to grow. Rates are measured over the last ``window`` seconds (30 by default).
+From two samples ``Δt`` apart it measures, per queue, the arrival rate λ (``Δsent/Δt``),
+the ack rate (``Δacked/Δt``) and the rate at which handlings end (acks, nacks and dead
+letters); the mean handling time is ``W = in_flight / handlings ended per second``
+(Little's law on the in-flight part, with in_flight averaged over the window: a failed
+attempt held a worker too), and the workers a queue needs is ``λ × a × W`` with ``a`` the
+attempts a message takes (handlings ended ÷ messages finished, acked or dead-lettered) —
+what must be busy at once for the queue not to grow. Rates are measured over the last
+``window`` seconds (30 by default).
 
 Time comes from the broker's clock, so tests move it instead of sleeping.
 """
@@ -43,6 +46,8 @@ class Sample:
     sent: int
     acked: int
     dlq_depth: int
+    nacked: int = 0
+    dead_lettered: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +149,8 @@ class Sampler:
                 s.sent,
                 s.acked,
                 dlq_depth,
+                s.nacked,
+                s.dead_lettered,
             )
             if record:
                 ring = self._rings.get(name)
@@ -179,11 +186,15 @@ class Sampler:
         if span <= 0:
             return None, None, None, None
         send_rate = max(0, last.sent - first.sent) / span
-        ack_rate = max(0, last.acked - first.acked) / span
-        if ack_rate <= 0:
+        acked = max(0, last.acked - first.acked)
+        ack_rate = acked / span
+        finished = acked + max(0, last.dead_lettered - first.dead_lettered)
+        ended = finished + max(0, last.nacked - first.nacked)
+        if ended <= 0:
             return send_rate, ack_rate, None, None
-        handling = (in_flight / n) / ack_rate
-        return send_rate, ack_rate, handling, send_rate * handling
+        handling = (in_flight / n) / (ended / span)
+        attempts = ended / finished if finished else 1.0
+        return send_rate, ack_rate, handling, send_rate * attempts * handling
 
     def history(self, name: str) -> m.History:
         """The ring buffer of ``name`` as columns, with per-step rates."""

@@ -113,12 +113,12 @@ function queueView(ov, name) {
   const card = (label, value, bad, col) =>
     h("div", { class: "card" + (bad ? " bad" : ""), "data-card": col }, h("div", { class: "label" }, label), h("div", { class: "value" }, value));
   const littles = q.workers_needed === null
-    ? h("div", { class: "littles" }, "Workers needed: not measurable yet — it needs acks within the last ",
-      `${ov.window} s (mean handling time = in flight ÷ ack rate).`)
+    ? h("div", { class: "littles" }, "Workers needed: not measurable yet — it needs handlings that ended within the last ",
+      `${ov.window} s (mean handling time = in flight ÷ handlings ended per second).`)
     : h("div", { class: "littles", id: "littles" },
       h("b", {}, `${workers(q.workers_needed)} workers`),
-      ` must be busy on average: arrival rate ${rate(q.send_rate)} × mean handling time `,
-      `${q.handling_time.toFixed(2)} s (in flight ÷ ack rate ${rate(q.ack_rate)}), by Little's law.`);
+      ` must be busy on average: arrival rate ${rate(q.send_rate)} × attempts a message takes × mean handling time `,
+      `${q.handling_time.toFixed(2)} s (in flight ÷ acks, nacks and dead letters per second), by Little's law.`);
   const dlqName = q.is_dlq ? q.name : q.dead_letter;
   return h("div", {},
     h("h1", {}, h("a", { href: "#/" }, "Queues"), " / ", name, " ", s.breaching ? h("span", { class: "badge bad" }, "freshness SLO breached") : null),
