@@ -309,3 +309,29 @@ async def test_littles_law_counts_failed_attempts_as_handlings() -> None:
     assert handling == pytest.approx(10 / 6), "mean in flight 10 over 6 handlings/s"
     assert workers == pytest.approx(10 * 1.2 * 10 / 6), "λ × attempts a message × W = 20"
     await broker.close()
+
+
+async def test_the_queue_cap_takes_the_applications_queues_first() -> None:
+    """With more queues than max_queues, the application's queues are sampled before
+    dead-letter queues, and those before attention work queues (one a key: 500 keys filled
+    the cap alone and a breaching queue named after them vanished from /metrics)."""
+    async with await fairq.connect("memory://") as broker:
+        market = await broker.declare_attention("market")
+        for key in ("a-shop", "b-shop", "c-shop"):
+            await market.publish(key, b"x")
+        await broker.declare_queue("ticket-pdf", max_attempts=1)
+        await broker.declare_queue("zz-mail")
+        names = await broker.list_queues()  # each with its .dlq
+        assert len(names) == 10
+        sampler = Sampler(broker, max_queues=3)
+        snapshot = await sampler.fresh()
+        assert sorted(snapshot.stats) == ["ticket-pdf", "ticket-pdf.dlq", "zz-mail"]
+        assert snapshot.total == 10
+        assert (await sampler.order(names))[4:] == [
+            "process.market.a-shop.work",
+            "process.market.a-shop.work.dlq",
+            "process.market.b-shop.work",
+            "process.market.b-shop.work.dlq",
+            "process.market.c-shop.work",
+            "process.market.c-shop.work.dlq",
+        ]

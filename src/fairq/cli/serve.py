@@ -56,7 +56,8 @@ def serve(
         int,
         typer.Option(
             min=1,
-            help="Most queues (the first by name) sampled for the dashboard and given series "
+            help="Most queues sampled for the dashboard and given series (the application's first, "
+            "then dead-letter queues, then attention work queues) "
             "in /metrics (fairq_queues counts them all).",
         ),
     ] = 1000,

@@ -60,7 +60,7 @@ class Readings:
     """Stats read for one scrape."""
 
     queues: dict[str, QueueStats] = field(default_factory=dict)
-    queues_total: int = 0  # every queue; ``queues`` holds the first few by name
+    queues_total: int = 0  # every queue; ``queues`` holds those sampled (Sampler.order)
     topics: dict[str, TopicStats] = field(default_factory=dict)
     attention: dict[str, AttentionStats] = field(default_factory=dict)
     tenants: dict[str, list[TenantStats]] = field(default_factory=dict)
@@ -108,7 +108,8 @@ class StatsCollector(Collector):
         total.add_metric([], r.queues_total)
         read = GaugeMetricFamily(
             "fairq_queues_read",
-            "Queues with series here (the first by name, up to the server's max_queues)",
+            "Queues with series here (up to the server's max_queues: applications' queues, "
+            "then dead-letter queues, then attention work queues)",
         )
         read.add_metric([], len(r.queues))
         yield total

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import re
 from collections import deque
 from dataclasses import dataclass
 
@@ -59,11 +60,20 @@ class Snapshot:
     total: int
 
 
+def _template_pattern(template: str, domain: str) -> re.Pattern[str]:
+    """The queue names an attention work-queue template makes for ``domain``."""
+    parts = re.split(r"(\{domain\}|\{key\}|\{shard\})", template)
+    fields = {"{domain}": re.escape(domain), "{key}": ".+", "{shard}": r"\d+"}
+    return re.compile("".join(fields.get(p, re.escape(p)) for p in parts))
+
+
 class Sampler:
     """Samples queue stats every ``interval`` seconds and keeps ``keep`` seconds of them.
 
-    At most ``max_queues`` queues (the first by name) are sampled: beyond that a sample
-    would cost more than it tells.
+    At most ``max_queues`` queues are sampled: beyond that a sample would cost more than
+    it tells. The application's own queues come first, then dead-letter queues (``.dlq``),
+    then attention work queues (one per key: a big domain would fill the cap alone), each
+    group by name (:meth:`order`).
     """
 
     def __init__(
@@ -114,10 +124,28 @@ class Sampler:
                 log.warning("sampling queue stats failed: %s", exc)
                 raise
 
+    async def order(self, names: list[str]) -> list[str]:
+        """``names`` in the order the cap takes them: the application's queues, then
+        dead-letter queues, then the work queues of attention domains (and theirs)."""
+        patterns = []
+        for domain in await self.broker.list_attention():
+            with contextlib.suppress(FairqError):
+                template = (await self.broker.attention(domain).config()).work_queue
+                patterns.append(_template_pattern(template, domain))
+
+        def rank(name: str) -> tuple[int, str]:
+            base = name.removesuffix(".dlq")
+            if any(p.fullmatch(base) for p in patterns):
+                return 2, name
+            return (1 if name != base else 0), name
+
+        return sorted(names, key=rank)
+
     async def _sample(self, record: bool) -> Snapshot:
         broker = self.broker
         names = await broker.list_queues()
-        sampled = names[: self.max_queues]
+        sampled = names if len(names) <= self.max_queues else await self.order(names)
+        sampled = sampled[: self.max_queues]
         stats: dict[str, QueueStats] = {}
         for name in sampled:
             try:
