@@ -3,6 +3,8 @@ nothing is cut to an ellipsis."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from rich.console import Console
 
 from fairq.cli.tables import Col, fitted, folded
@@ -142,3 +144,54 @@ def test_an_error_echoes_at_most_a_little_of_a_long_bad_input() -> None:
         with pytest.raises(fairq.InvalidName) as info:
             check("x" * 5000)
         assert len(str(info.value)) < 200 and "(5002 characters)" in str(info.value)
+
+
+async def test_breaching_queues_come_first() -> None:
+    import fairq
+    from fairq.cli.queues import stats_table
+
+    clock = fairq.ManualClock()
+    async with await fairq.connect("memory://", clock=clock) as broker:
+        for name in ("a-fine", "b-late", "c-later"):
+            await broker.declare_queue(name, freshness_slo=5)
+        await broker.queue("c-later").send(b"x")
+        clock.advance(3)
+        await broker.queue("b-late").send(b"x")
+        await broker.queue("a-fine").send(b"x")
+        clock.advance(4)  # c-later 7 s old, b-late 4 s: only c-later breaches
+        text = render(await stats_table(broker, width=200), 200)
+        rows = [line.split("│")[1].strip() for line in text.splitlines() if line.startswith("│ ")]
+        assert rows == ["c-later", "a-fine", "a-fine.dlq", "b-late", "b-late.dlq", "c-later.dlq"]
+
+
+def test_stats_watch_into_a_pipe_prints_each_refresh(tmp_path: Path) -> None:
+    """A live display writes nothing into a pipe until it ends: piped, --watch prints the
+    table anew each second, with its time."""
+    import selectors
+    import subprocess
+    import sys
+    import time
+
+    url = f"sqlite:///{tmp_path / 'w.db'}"
+    subprocess.run([sys.executable, "-m", "fairq", "send", "jobs", "x", "--url", url], check=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fairq", "stats", "--watch", "--url", url],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        lines: list[str] = []
+        assert proc.stdout is not None
+        watching = selectors.DefaultSelector()
+        watching.register(proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + 20
+        while sum(line.startswith("# ") for line in lines) < 2:
+            left = deadline - time.monotonic()
+            assert left > 0 and watching.select(left), f"nothing printed in 20 s: {lines}"
+            line = proc.stdout.readline()
+            assert line, "stats --watch ended"
+            lines.append(line)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert sum("jobs" in line for line in lines) >= 1

@@ -186,6 +186,26 @@ def _main(
         logger.addHandler(handler)
 
 
+async def watch_live(make: Callable[[], Awaitable[Any]], every: float = 1.0) -> None:
+    """Show ``await make()`` (a table) and refresh it every ``every`` seconds until Ctrl-C:
+    in place on a terminal; printed anew each time, with its time, into a pipe or a file
+    (where a live display would write nothing until the end)."""
+    if console.is_terminal:
+        from rich.live import Live
+
+        with Live(await make(), console=console, refresh_per_second=4) as live:
+            while True:
+                await asyncio.sleep(every)
+                live.update(await make())
+    import time
+
+    while True:
+        console.print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        console.print(await make())
+        sys.stdout.flush()
+        await asyncio.sleep(every)
+
+
 def _progress() -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"),

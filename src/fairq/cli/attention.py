@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Group
-from rich.live import Live
 
 from ..broker import Broker, connect
 from ..errors import Unsupported
@@ -23,6 +21,7 @@ from .app import (
     app,
     console,
     no_server,
+    watch_live,
 )
 from .tables import Col, fitted, folded
 
@@ -139,9 +138,6 @@ def attention(
             if not watch:
                 console.print(await attention_tables(broker, domain, top))
                 return
-            with Live(await attention_tables(broker, domain, top), console=console) as live:
-                while True:
-                    await asyncio.sleep(1)
-                    live.update(await attention_tables(broker, domain, top))
+            await watch_live(lambda: attention_tables(broker, domain, top))
 
     _run(main)

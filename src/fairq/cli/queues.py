@@ -9,7 +9,6 @@ from collections.abc import Awaitable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
-from rich.live import Live
 from rich.table import Table
 
 from ..broker import Broker
@@ -38,6 +37,7 @@ from .app import (
     console,
     err_console,
     fail,
+    watch_live,
 )
 from .tables import Col, fitted
 
@@ -183,7 +183,8 @@ async def stats_table(
     broker: Broker | Client, names: list[str] | None = None, width: int | None = None
 ) -> Table:
     """A table of every queue's counts, ages and counters, fitted to ``width`` (the
-    terminal's): the counters since creation are the first to go when it is narrow."""
+    terminal's): the counters since creation are the first to go when it is narrow.
+    Queues breaching their freshness SLO come first."""
     all_stats: dict[str, QueueStats] = {}
     dead_letter: dict[str, str | None] = {}  # "<name>.dlq" unless declared so
     if not isinstance(broker, Broker):  # a server: a request per 1,000 queues, or per queue
@@ -221,7 +222,14 @@ async def stats_table(
     if slos:  # a column only when some queue has a freshness SLO
         cols.append(Col("freshness"))
     rows = []
-    for name, s in all_stats.items():
+    # queues breaching their freshness SLO first (the oldest first), so a long table cut at
+    # the terminal's height still shows them; then the rest in name order
+    ordered = sorted(
+        all_stats,
+        key=lambda n: (0, -all_stats[n].oldest_age) if all_stats[n].breaching else (1, 0.0),
+    )
+    for name in ordered:
+        s = all_stats[name]
         target = dead_letter[name]
         dlq = None if target is None else all_stats.get(target) or dlqs.get(target)
         row = [
@@ -269,12 +277,7 @@ def stats(
             if not watch:
                 console.print(await stats_table(broker, queues))
                 return
-            with Live(
-                await stats_table(broker, queues), console=console, refresh_per_second=4
-            ) as live:
-                while True:
-                    await asyncio.sleep(1)
-                    live.update(await stats_table(broker, queues))
+            await watch_live(lambda: stats_table(broker, queues))
 
     _run(main)
 
