@@ -335,3 +335,13 @@ def test_each_script_carries_only_the_libraries_it_uses() -> None:
     assert "local function load_domain" not in receive
     assert all(f"local function {f}" in publish for f in ("lease_messages", "load_domain"))
     assert len(room) < len(publish) / 2
+
+
+async def test_a_redis_url_at_another_services_port_says_so_in_one_line() -> None:
+    """PostgreSQL's port (redis-py's health check recursed until RecursionError: a
+    2,000-line traceback)."""
+    from services import require
+
+    require("postgres")
+    with pytest.raises(fairq.ConnectionError, match="does not answer as Redis"):
+        await fairq.connect("redis://127.0.0.1:5432/0")

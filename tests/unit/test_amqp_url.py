@@ -108,3 +108,10 @@ async def test_a_failed_connect_is_reported_once_not_also_by_the_driver_log(
     with caplog.at_level(logging.DEBUG), pytest.raises(fairq.ConnectionError):
         await fairq.connect("amqp://guest:pw@127.0.0.1:25699/?store=memory://&timeout=2")
     assert not [r for r in caplog.records if "creating transport" in r.getMessage()]
+
+
+async def test_an_amqp_url_at_another_services_port_gives_a_reason() -> None:
+    """Redis's port: the handshake never comes (the error said nothing after its colon)."""
+    require("redis")
+    with pytest.raises(fairq.ConnectionError, match="no AMQP handshake"):
+        await fairq.connect("amqp://guest:guest@127.0.0.1:6379/x?store=memory://&timeout=1")

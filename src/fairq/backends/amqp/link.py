@@ -116,10 +116,13 @@ def _open_failed(url: AmqpUrl, exc: BaseException) -> ConnectionError:
             f"RabbitMQ would not open vhost {url.vhost!r}: it does not exist, or user "
             f"{url.user!r} has no permission on it (rabbitmqctl add_vhost / set_permissions)"
         )
-    elif isinstance(exc, DRIVER_ERRORS):
+    elif isinstance(exc, DRIVER_ERRORS) and str(exc).strip():
         why = str(exc)
-    else:
-        why = repr(exc)
+    else:  # some failures say nothing (a server that answers in another protocol)
+        why = (
+            f"{type(exc).__name__} {str(exc).strip()}".strip()
+            + " (no AMQP handshake: is RabbitMQ listening on that port?)"
+        )
     return ConnectionError(f"cannot connect to {url.masked!r}: {why}")
 
 

@@ -44,6 +44,10 @@ def _config_json(config: QueueConfig) -> str:
     return orjson.dumps(config.to_dict()).decode()
 
 
+# what opening may raise: the driver's errors, and its recursion on a non-Redis server
+_OPEN_ERRORS: tuple[type[BaseException], ...] = (*DriverErrors, RecursionError)
+
+
 class RedisCore(Backend):
     """Connection, scripts, wake-ups; the capabilities are mixins on top."""
 
@@ -75,8 +79,15 @@ class RedisCore(Backend):
             else:
                 await self._client.ping()
                 where = (self.opts.host, self.opts.port)
-        except DriverErrors as exc:
+        except _OPEN_ERRORS as exc:
             await self._close_client()
+            if isinstance(exc, RecursionError) or "recursion depth" in str(exc):
+                # redis-py's reconnects recursing on a server that answers in another
+                # protocol and hangs up (a Redis URL given PostgreSQL's port)
+                raise ConnectionError(
+                    f"cannot open {self.url!r}: the server there does not answer as Redis "
+                    "(is it another service's port?)"
+                ) from None
             try:
                 driver_error(exc, self.url)
             except BackendError as err:  # at open, any failure means "cannot connect"
