@@ -861,6 +861,30 @@ async def test_redrive_moves_dead_letters_this_process_looked_at(broker: fairq.B
     assert sorted(await bodies(got)) == [b"a", b"b", b"c"]
 
 
+async def test_redrive_keeps_looked_at_dead_letters_whose_source_is_gone(
+    broker: fairq.Broker,
+) -> None:
+    """They stay, once each (on RabbitMQ a copy put back at the tail came straight back to
+    this process's consumer, and the redrive copied it again, for ever)."""
+    q = await broker.declare_queue("gone2", dead_letter="keep2.dlq", max_attempts=1)
+    await q.send_batch([Outgoing(str(i)) for i in range(3)])
+    for m in await q.receive(max_messages=3):
+        await m.nack()
+    await broker.delete_queue("gone2")
+    dlq = broker.queue("keep2.dlq")
+    for m in await dlq.receive(max_messages=3, wait=2):
+        await m.nack()
+    assert (await dlq.stats()).visible == 3  # (on RabbitMQ: back in this process's buffer)
+    assert await asyncio.wait_for(broker.redrive("keep2.dlq"), 10) == 0
+    got = await dlq.receive(max_messages=5, wait=2)
+    while len(got) < 3:
+        more = await dlq.receive(max_messages=5, wait=2)
+        assert more, f"only {len(got)} of 3 stayed"
+        got += more
+    assert sorted(await bodies(got)) == [b"0", b"1", b"2"]
+    assert await dlq.receive(wait=0.2) == [], "each stayed once"
+
+
 async def test_redrive_keeps_messages_whose_source_is_gone(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("gone", dead_letter="keep.dlq", max_attempts=1)
     await q.send(b"x")

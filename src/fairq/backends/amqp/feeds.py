@@ -115,13 +115,16 @@ class Feed:
         return ch is not None and not ch.is_closed and self.generation == self.link.generation
 
     async def start(self) -> Channel:
-        """The feed's channel, consuming (started again after a reconnect or channel error)."""
-        if self.live():
+        """The feed's channel, consuming (started again after a reconnect or channel error,
+        and after :meth:`stop` on a channel that stayed open)."""
+        if self.live() and (self.consumer_tag is not None or not self.consume):
             assert self.channel is not None
             return self.channel
         async with self._starting:
             if self.live():
                 assert self.channel is not None
+                if self.consume and self.consumer_tag is None:
+                    await self._consume(self.channel)
                 return self.channel
             self.held.clear()  # whatever the old channel held went back to the queue
             self.leases = 0
@@ -131,12 +134,16 @@ class Feed:
             ch = await self.link.channel(self.key, prefetch=self.prefetch)
             # set before consuming: the first deliveries may run before consume-ok returns
             self.channel, self.generation = ch, self.link.generation
+            self.consumer_tag = None
             if not self.consume:
                 return ch
-            with driver_errors(f"consuming queue {self.queue!r}", self.link.url.masked):
-                ok = await ch.basic_consume(self.queue, self._deliver, no_ack=False)
-            self.consumer_tag = ok.consumer_tag
+            await self._consume(ch)
             return ch
+
+    async def _consume(self, ch: Channel) -> None:
+        with driver_errors(f"consuming queue {self.queue!r}", self.link.url.masked):
+            ok = await ch.basic_consume(self.queue, self._deliver, no_ack=False)
+        self.consumer_tag = ok.consumer_tag
 
     async def _deliver(self, message: Delivered) -> None:
         if message.channel is self.channel:
@@ -384,6 +391,7 @@ class Feed:
                 await ch.basic_cancel(self.consumer_tag)
             except Exception:  # the channel may be going away anyway
                 log.debug("could not cancel the consumer of %s", self.queue, exc_info=True)
+        self.consumer_tag = None  # start() consumes again
         self._holding = False
         held = list(self.held)
         self.held.clear()

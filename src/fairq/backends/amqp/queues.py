@@ -383,20 +383,30 @@ class AmqpQueues(AmqpLeases):
                 copied += 1
             return bool(took)
 
+        # first what this process's consumer of the queue holds (delivered to it, so in no
+        # other channel's basic.get: a dead letter received and nacked here comes back to
+        # it): the consumer is cancelled, so everything on its way to it has arrived
+        # (stop() waits for cancel-ok) and nothing more comes while the redrive runs —
+        # not the copies it puts at the queue's tail either
+        feed = self._feeds.get(queue)
+        held: list[Delivered] = []
+        stopped = feed is not None and feed.consume and feed.live()
+        if stopped:
+            assert feed is not None
+            await feed.settled()  # what was nacked back here has come back (as stats waits)
+            held = await feed.stop()
+            generation = feed.generation
         try:
-            # first what this process's consumer of the queue holds (delivered to it, so in
-            # no other channel's basic.get: a dead letter received and nacked here waits
-            # in that buffer)
-            feed = self._feeds.get(queue)
-            if feed is not None and feed.channel is not None and feed.live():
-                kept: list[Delivered] = []
-                while feed.held and (limit is None or moved < limit):
-                    got = feed.held.popleft()
-                    if await move(got):
-                        feed.ack(got.delivery.delivery_tag)
+            while held and (limit is None or moved < limit):
+                took = await move(held[0])
+                got = held.pop(0)
+                assert feed is not None
+                if feed.live() and feed.generation == generation:  # else it went back
+                    tag = int(got.delivery.delivery_tag)
+                    if took:
+                        feed.ack(tag)
                     else:
-                        kept.append(got)
-                feed.held.extendleft(reversed(kept))
+                        feed.give_back(feed.channel, tag)  # type: ignore[arg-type]
             with driver_errors(f"redriving {queue!r}", self.url.masked):
                 ok = await ch.queue_declare(queue, passive=True)
             # one pass over what is there now (not the copies just put at its tail); what
@@ -416,6 +426,13 @@ class AmqpQueues(AmqpLeases):
                     else:
                         await ch.basic_nack(tag, requeue=True)
         finally:
+            if stopped:
+                assert feed is not None
+                if feed.live() and feed.generation == generation:
+                    for got in held:  # past the limit, or a move failed: back they go
+                        feed.give_back(feed.channel, int(got.delivery.delivery_tag))  # type: ignore[arg-type]
+                with contextlib.suppress(Exception):
+                    await feed.start()  # consuming again
             self.link.forget(f"redrive:{queue}")
             with contextlib.suppress(Exception):
                 await ch.close()
