@@ -128,5 +128,12 @@ async def test_a_remote_listeners_get() -> None:
         got = await waiting
         assert got is not None and got.json() == {"n": 1}
         assert await listener.get(timeout=0.2) is None, "nothing more within the timeout"
+        # a get that timed out leaves the stream open: the next message still comes
+        later = asyncio.create_task(listener.get(timeout=5))
+        await asyncio.sleep(0.1)
+        await t.publish({"n": 2})
+        got = await later
+        assert got is not None and got.json() == {"n": 2}
         await listener.close()
+        assert await listener.get(timeout=1) is None, "closed: iteration has ended"
     await broker.close()

@@ -396,17 +396,42 @@ class RemoteListener:
         self._client = client
         self._path = path
         self._params = params
-        self._stream: AsyncIterator[Received] | None = None
         self._response: httpx.Response | None = None
         self.dropped = 0
+        # the stream is read by one task into a small buffer, so a wait that gives up (get's
+        # timeout, a cancelled __anext__) leaves the stream open; when the buffer is full
+        # the task stops reading, and the server's buffer (``buffer=``) drops the oldest
+        self._buffer: asyncio.Queue[Received | BaseException | None] = asyncio.Queue(
+            maxsize=max(1, min(int(params.get("buffer", 1000)), 1000))
+        )
+        self._reader: asyncio.Task[None] | None = None
+        self._ended: BaseException | None = None
 
     def __aiter__(self) -> RemoteListener:
         return self
 
     async def __anext__(self) -> Received:
-        if self._stream is None:
-            self._stream = self._events()
-        return await self._stream.__anext__()
+        if self._ended is not None:
+            raise self._ended
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read(), name=f"fairq-listen:{self._path}")
+        item = await self._buffer.get()
+        if item is None:
+            self._ended = StopAsyncIteration()
+            raise self._ended
+        if isinstance(item, BaseException):
+            self._ended = item
+            raise item
+        return item
+
+    async def _read(self) -> None:
+        try:
+            async for message in self._events():
+                await self._buffer.put(message)
+        except Exception as exc:
+            await self._buffer.put(exc)
+        else:
+            await self._buffer.put(None)
 
     async def get(self, timeout: float | None = None) -> Received | None:
         """The next message, or None after ``timeout`` seconds (or once the stream ended)."""
@@ -458,7 +483,12 @@ class RemoteListener:
                 data_lines.append(value)
 
     async def close(self) -> None:
-        """Stop listening."""
+        """Stop listening; iteration ends."""
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        if self._buffer.empty():  # wakes an __anext__ waiting now
+            self._buffer.put_nowait(None)
         if self._response is not None:
             await self._response.aclose()
 
