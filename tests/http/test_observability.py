@@ -306,8 +306,34 @@ async def test_littles_law_counts_failed_attempts_as_handlings() -> None:
     await sampler.fresh(record=True)
     send_rate, ack_rate, handling, workers = sampler.rates("jobs")
     assert (send_rate, ack_rate) == (pytest.approx(10.0), pytest.approx(4.0))
-    assert handling == pytest.approx(10 / 6), "mean in flight 10 over 6 handlings/s"
-    assert workers == pytest.approx(10 * 1.2 * 10 / 6), "λ × attempts a message × W = 20"
+    # handlings ended: 40 + 10 + 10, less the nacks taken for last attempts (1 in
+    # max_attempts: 5, here none were, but in a steady state they are): 5.5/s
+    assert handling == pytest.approx(10 / 5.5), "mean in flight 10 over 5.5 handlings/s"
+    assert workers == pytest.approx(10 * 10 / 5), "λ × in flight ÷ messages finished/s"
+    await broker.close()
+
+
+@pytest.mark.parametrize("dead_letter", ["jobs.dlq", None], ids=["dlq", "no dlq"])
+async def test_a_last_attempts_nack_is_one_handling_and_one_finished_message(
+    dead_letter: str | None,
+) -> None:
+    """With max_attempts=1 a failing handler's nack is also the message's dead letter (or,
+    without a dead-letter queue, its discard): counted once, and finished either way."""
+    clock = fairq.ManualClock()
+    broker = await fairq.connect("memory://", clock=clock)
+    q = await broker.declare_queue("jobs", max_attempts=1, dead_letter=dead_letter)
+    sampler = Sampler(broker, interval=2.0, keep=60.0, window=30.0)
+    await sampler.fresh(record=True)
+    await q.send_batch([fairq.Outgoing(i) for i in range(100)])
+    got = await q.receive(60)  # 40 acked, 10 nacked (their end), 10 in flight
+    await q.ack_batch([m.receipt for m in got[:40]])
+    for m in got[40:50]:
+        await m.nack()
+    clock.advance(10)
+    await sampler.fresh(record=True)
+    _, _, handling, workers = sampler.rates("jobs")
+    assert handling == pytest.approx(5 / 5.0), "mean in flight 5 over 50 handlings in 10 s"
+    assert workers == pytest.approx(10 * 5 / 5.0), "λ 10 × in flight 5 ÷ 5 finished/s"
     await broker.close()
 
 

@@ -3,13 +3,15 @@ buffer (the last 15 minutes by default), so the dashboard can chart depth and ra
 size workers without anyone keeping a Prometheus.
 
 From two samples ``Δt`` apart it measures, per queue, the arrival rate λ (``Δsent/Δt``),
-the ack rate (``Δacked/Δt``) and the rate at which handlings end (acks, nacks and dead
-letters); the mean handling time is ``W = in_flight / handlings ended per second``
-(Little's law on the in-flight part, with in_flight averaged over the window: a failed
-attempt held a worker too), and the workers a queue needs is ``λ × a × W`` with ``a`` the
-attempts a message takes (handlings ended ÷ messages finished, acked or dead-lettered) —
-what must be busy at once for the queue not to grow. Rates are measured over the last
-``window`` seconds (30 by default).
+the ack rate (``Δacked/Δt``), the rate at which messages finish (acked, dead-lettered or
+discarded) and the rate at which handlings end (acks, nacks and rejections: a failed
+attempt held a worker too; a nack on a message's last attempt is also its dead letter, so
+with ``max_attempts`` m about one nack in m is not counted twice). The mean handling time
+is ``W = in_flight / handlings ended per second`` (Little's law on the in-flight part, with
+in_flight averaged over the window), and the workers a queue needs is ``λ × a × W`` with
+``a`` the attempts a message takes (handlings ended ÷ messages finished), which is
+``λ × in_flight ÷ messages finished per second`` — what must be busy at once for the queue
+not to grow. Rates are measured over the last ``window`` seconds (30 by default).
 
 Time comes from the broker's clock, so tests move it instead of sleeping.
 """
@@ -49,6 +51,7 @@ class Sample:
     dlq_depth: int
     nacked: int = 0
     dead_lettered: int = 0
+    discarded: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +96,7 @@ class Sampler:
         self.top_keys = top_keys
         self._rings: dict[str, deque[Sample]] = {}
         self._dead_letters: dict[str, str | None] = {}
+        self._max_attempts: dict[str, int | None] = {}
         self._latest: Snapshot | None = None
         self._lock = asyncio.Lock()
         self._overview: m.Overview | None = None
@@ -151,7 +155,9 @@ class Sampler:
             try:
                 stats[name] = await broker.queue(name).stats()
                 if name not in self._dead_letters:
-                    self._dead_letters[name] = (await broker.queue(name).config()).dead_letter
+                    config = await broker.queue(name).config()
+                    self._dead_letters[name] = config.dead_letter
+                    self._max_attempts[name] = config.max_attempts
             except QueueNotFound:
                 continue
             except FairqError as exc:  # one queue the engine cannot read must not hide the rest
@@ -163,6 +169,7 @@ class Sampler:
                 del self._rings[gone]
         for gone in set(self._dead_letters) - set(stats):
             del self._dead_letters[gone]
+            self._max_attempts.pop(gone, None)
         size = self._ring_size
         for name, s in stats.items():
             dlq = self._dead_letters.get(name)
@@ -179,6 +186,7 @@ class Sampler:
                 dlq_depth,
                 s.nacked,
                 s.dead_lettered,
+                s.discarded,
             )
             if record:
                 ring = self._rings.get(name)
@@ -216,13 +224,20 @@ class Sampler:
         send_rate = max(0, last.sent - first.sent) / span
         acked = max(0, last.acked - first.acked)
         ack_rate = acked / span
-        finished = acked + max(0, last.dead_lettered - first.dead_lettered)
-        ended = finished + max(0, last.nacked - first.nacked)
+        failed = max(0, last.dead_lettered - first.dead_lettered) + max(
+            0, last.discarded - first.discarded
+        )
+        nacked = max(0, last.nacked - first.nacked)
+        max_attempts = self._max_attempts.get(name)
+        final_nacks = min(nacked / max_attempts, failed) if max_attempts else 0.0
+        ended = acked + nacked + failed - final_nacks
         if ended <= 0:
             return send_rate, ack_rate, None, None
-        handling = (in_flight / n) / (ended / span)
-        attempts = ended / finished if finished else 1.0
-        return send_rate, ack_rate, handling, send_rate * attempts * handling
+        busy = in_flight / n
+        handling = busy / (ended / span)
+        finished = acked + failed
+        workers = send_rate * busy / (finished / span) if finished else send_rate * handling
+        return send_rate, ack_rate, handling, workers
 
     def history(self, name: str) -> m.History:
         """The ring buffer of ``name`` as columns, with per-step rates."""
