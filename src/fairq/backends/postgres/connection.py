@@ -557,12 +557,16 @@ class Pool:
                 await self.pool.putconn(conn)
 
     async def _getconn(self) -> psycopg.AsyncConnection[Any]:
-        """A pooled connection within the ``timeout`` option, asked for in slices of
-        :data:`GETCONN_SLICE`: the pool starts a connection for a request that has to wait,
-        and retries it for :data:`RECONNECT_CHAIN` seconds, but a request already waiting
-        when that chain gave up starts no other. One long wait through an outage of more
-        than 5 s so waited its whole timeout (30 s) however soon the server was back; each
-        new slice starts a new chain."""
+        """A pooled connection within the ``timeout`` option. After connection trouble
+        (:meth:`suspect`) it is asked for in slices of :data:`GETCONN_SLICE`: the pool starts
+        a connection for a request that has to wait, and retries it for
+        :data:`RECONNECT_CHAIN` seconds, but a request already waiting when that chain gave
+        up starts no other. One long wait through an outage of more than 5 s so waited its
+        whole timeout (30 s) however soon the server was back; each new slice starts a new
+        chain. Otherwise one wait: a slice that ends goes to the back of the pool's line, so
+        on a merely busy pool older requests could be overtaken for their whole timeout."""
+        if time.monotonic() >= self._suspect_until:
+            return await self.pool.getconn(timeout=self.options.timeout)
         loop = asyncio.get_running_loop()
         end = loop.time() + self.options.timeout
         while True:
