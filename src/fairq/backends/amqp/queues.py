@@ -170,9 +170,11 @@ class AmqpQueues(AmqpLeases):
         """The store, and RabbitMQ itself (a passive declare of ``amq.direct``, which every
         vhost has): listing the queues asks only the store."""
         await self.store.ping()
-        admin = await self.link.channel("admin")
+        # a channel of its own: a health check cut off by its timeout closes the channel
+        # it was on, and other calls must not share that fate
+        health = await self.link.channel("health")
         with driver_errors("checking the broker", self.url.masked):
-            await admin.exchange_declare("amq.direct", exchange_type="direct", passive=True)
+            await health.exchange_declare("amq.direct", exchange_type="direct", passive=True)
 
     async def _store_copies(
         self, queue: str, config: QueueConfig, envelopes: list[Envelope], ids: list[str]
