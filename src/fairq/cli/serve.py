@@ -56,8 +56,8 @@ def serve(
         int,
         typer.Option(
             min=1,
-            help="Most queues sampled for the dashboard and given series (the application's first, "
-            "then dead-letter queues, then attention work queues) "
+            help="Most queues sampled for the dashboard and given series (the application's "
+            "with their dead-letter queues first, then attention work queues) "
             "in /metrics (fairq_queues counts them all).",
         ),
     ] = 1000,

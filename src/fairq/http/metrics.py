@@ -108,8 +108,8 @@ class StatsCollector(Collector):
         total.add_metric([], r.queues_total)
         read = GaugeMetricFamily(
             "fairq_queues_read",
-            "Queues with series here (up to the server's max_queues: applications' queues, "
-            "then dead-letter queues, then attention work queues)",
+            "Queues with series here (up to the server's max_queues: applications' queues "
+            "with their dead-letter queues, then attention work queues)",
         )
         read.add_metric([], len(r.queues))
         yield total

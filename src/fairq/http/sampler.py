@@ -74,9 +74,9 @@ class Sampler:
     """Samples queue stats every ``interval`` seconds and keeps ``keep`` seconds of them.
 
     At most ``max_queues`` queues are sampled: beyond that a sample would cost more than
-    it tells. The application's own queues come first, then dead-letter queues (``.dlq``),
-    then attention work queues (one per key: a big domain would fill the cap alone), each
-    group by name (:meth:`order`).
+    it tells. The application's own queues come first, each followed by its dead-letter
+    queue (``.dlq``), then attention work queues (one per key: a big domain would fill the
+    cap alone), by name (:meth:`order`).
     """
 
     def __init__(
@@ -129,19 +129,17 @@ class Sampler:
                 raise
 
     async def order(self, names: list[str]) -> list[str]:
-        """``names`` in the order the cap takes them: the application's queues, then
-        dead-letter queues, then the work queues of attention domains (and theirs)."""
+        """``names`` in the order the cap takes them: the application's queues, each with
+        its dead-letter queue, then the work queues of attention domains (and theirs)."""
         patterns = []
         for domain in await self.broker.list_attention():
             with contextlib.suppress(FairqError):
                 template = (await self.broker.attention(domain).config()).work_queue
                 patterns.append(_template_pattern(template, domain))
 
-        def rank(name: str) -> tuple[int, str]:
-            base = name.removesuffix(".dlq")
-            if any(p.fullmatch(base) for p in patterns):
-                return 2, name
-            return (1 if name != base else 0), name
+        def rank(name: str) -> tuple[int, str, bool]:
+            base = name.removesuffix(".dlq")  # a queue, then its dead-letter queue
+            return any(p.fullmatch(base) for p in patterns), base, name != base
 
         return sorted(names, key=rank)
 
