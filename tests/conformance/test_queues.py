@@ -17,6 +17,16 @@ async def bodies(msgs: list[fairq.Received]) -> list[bytes]:
     return [m.body for m in msgs]
 
 
+async def receive_n(q: fairq.Queue, n: int) -> list[fairq.Received]:
+    """``n`` messages of ``q``, in as many long polls as it takes (each must bring some)."""
+    got: list[fairq.Received] = []
+    while len(got) < n:
+        more = await q.receive(max_messages=n - len(got), wait=2)
+        assert more, f"only {len(got)} of {n} came"
+        got += more
+    return got
+
+
 # -- rule 1: competing consumers -----------------------------------------------------------
 async def test_rule1_each_visible_message_goes_to_one_receiver(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("jobs")
@@ -853,12 +863,7 @@ async def test_redrive_moves_dead_letters_this_process_looked_at(broker: fairq.B
     assert await broker.redrive("looked.dlq", limit=2) == 2
     assert await broker.redrive("looked.dlq") == 1
     assert (await dlq.stats()).visible == 0
-    got = await q.receive(max_messages=5, wait=2)
-    while len(got) < 3:
-        more = await q.receive(max_messages=5, wait=2)
-        assert more, f"only {len(got)} of 3 came back"
-        got += more
-    assert sorted(await bodies(got)) == [b"a", b"b", b"c"]
+    assert sorted(await bodies(await receive_n(q, 3))) == [b"a", b"b", b"c"]
 
 
 async def test_redrive_keeps_looked_at_dead_letters_whose_source_is_gone(
@@ -876,12 +881,7 @@ async def test_redrive_keeps_looked_at_dead_letters_whose_source_is_gone(
         await m.nack()
     assert (await dlq.stats()).visible == 3  # (on RabbitMQ: back in this process's buffer)
     assert await asyncio.wait_for(broker.redrive("keep2.dlq"), 10) == 0
-    got = await dlq.receive(max_messages=5, wait=2)
-    while len(got) < 3:
-        more = await dlq.receive(max_messages=5, wait=2)
-        assert more, f"only {len(got)} of 3 stayed"
-        got += more
-    assert sorted(await bodies(got)) == [b"0", b"1", b"2"]
+    assert sorted(await bodies(await receive_n(dlq, 3))) == [b"0", b"1", b"2"]
     assert await dlq.receive(wait=0.2) == [], "each stayed once"
 
 
