@@ -45,6 +45,7 @@ class RabbitNode:
             RABBITMQ_DIST_PORT=str(DIST_PORT),
             RABBITMQ_MNESIA_BASE=str(base / "mnesia"),
             RABBITMQ_LOG_BASE=str(base / "log"),
+            ERL_CRASH_DUMP=str(base / "erl_crash.dump"),  # not the checkout's root
             RABBITMQ_CONFIG_FILE=str(base / "rabbitmq.conf"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(base / "enabled_plugins"),
             RABBITMQ_CONF_ENV_FILE=str(base / "none.conf"),
