@@ -256,9 +256,9 @@ class Backend(ABC):
         """Names of the queues starting with ``prefix``, sorted."""
 
     def consumer_window(self, queue: str, n: int) -> None:  # noqa: B027 - optional hook
-        """This process will run at most ``n`` of ``queue``'s messages at a time (a
-        worker's concurrency): a backend that prefetches deliveries (RabbitMQ) holds no
-        more than that. Nothing to do by default."""
+        """A worker of this process will run at most ``n`` more of ``queue``'s messages at
+        a time (its concurrency; ``-n`` when it stops): a backend that prefetches deliveries
+        (RabbitMQ) holds no more than the sum. Nothing to do by default."""
 
     async def ping(self) -> None:
         """Return once every engine this backend needs has answered (a server's health

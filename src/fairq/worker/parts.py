@@ -93,6 +93,7 @@ class _Consumer:
     handle_time: float | None = None  # mean seconds per handler call (attention slices)
     runners: Runners[_Running] | None = None  # the tasks its received messages run in
     retired: bool = False  # stop receiving (a push subscription that is gone or changed)
+    window: int = 0  # what it told the backend it may run at once (consumer_window)
 
 
 @dataclass(slots=True, eq=False)

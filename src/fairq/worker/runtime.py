@@ -199,6 +199,10 @@ class Runtime:
             await self._stopping.wait()
         finally:
             await self._shutdown()
+            for c in [*self._consumers.values(), *self._retired]:
+                if c.window and c.queue is not None:
+                    c.queue._backend.consumer_window(c.name, -c.window)
+                    c.window = 0
             self._remove_signals(signals)
             await self._close_more()
             if owns_broker:
@@ -230,7 +234,11 @@ class Runtime:
         config = await c.queue.config()
         # what this worker can run of the queue at once is all a consumer may hold (an
         # engine that prefetches, RabbitMQ, would else hold messages no handler runs)
-        c.queue._backend.consumer_window(c.name, min(c.concurrency, self.concurrency))
+        backend = c.queue._backend
+        if c.window:
+            backend.consumer_window(c.name, -c.window)
+        c.window = min(c.concurrency, self.concurrency)
+        backend.consumer_window(c.name, c.window)
         c.lease = c.visibility_timeout or config.visibility_timeout
         c.max_attempts = config.max_attempts
 

@@ -53,7 +53,9 @@ class AmqpBackend(AmqpAttention):
         "visible leaves out what other processes' consumers have prefetched",
         "leases.process": "a lease belongs to the process that received it: it ends when that "
         "process's connection closes (the message returns at once), and only that process "
-        "can settle it",
+        "can settle it; a frozen process (SIGSTOP, a paused VM) keeps its leases until "
+        "RabbitMQ drops it for missed heartbeats (10 s: about 30 s), whatever their "
+        "visibility timeout",
         "order.ties": "a message that becomes visible again (nack, lease end) at the same "
         "instant as a later send goes behind it: RabbitMQ queues by arrival (only a frozen "
         "fairq.ManualClock makes such ties)",

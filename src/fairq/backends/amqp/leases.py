@@ -39,16 +39,21 @@ class AmqpLeases(AmqpCore):
         return feed
 
     def consumer_window(self, queue: str, n: int) -> None:
-        """The consumer of ``queue`` holds at most ``n`` deliveries (``basic.qos``): a
-        delivery this process holds counts an attempt when the process dies or RabbitMQ
-        restarts, started or not, and is out of other workers' reach — so a worker that
-        can run ``n`` at a time prefetches ``n``, not the URL's ``prefetch`` (200). A
-        consumer already started takes it when its channel next opens."""
-        n = max(n, self._windows.get(queue, 0))
-        self._windows[queue] = n
+        """The consumer of ``queue`` holds at most what this process's workers can run of
+        it (the sum of their ``n``; ``basic.qos``): a delivery this process holds counts an
+        attempt when the process dies or RabbitMQ restarts, started or not, and is out of
+        other workers' reach — so a worker that can run ``n`` at a time prefetches ``n``,
+        not the URL's ``prefetch`` (200). A consumer already started takes it when its
+        channel next opens. While a window is set, a receive takes only what the consumer
+        was pushed (see ``receive``); with none left, the URL's prefetch comes back."""
+        total = self._windows.get(queue, 0) + n
+        if total > 0:
+            self._windows[queue] = total
+        else:
+            self._windows.pop(queue, None)
         feed = self._feeds.get(queue)
         if feed is not None:
-            feed.prefetch = min(self.url.prefetch, n)
+            feed.prefetch = min(self.url.prefetch, total) if total > 0 else self.url.prefetch
 
     def _delivered(self, queue: str) -> None:
         self.wakeups.notify([queue])
@@ -63,9 +68,16 @@ class AmqpLeases(AmqpCore):
         vt = config.visibility_timeout if visibility_timeout is None else visibility_timeout
         out: list[Received] = []
         empty_answers = 0
+        # a worker's queue (consumer_window) takes only what its consumer was pushed: a
+        # basic.get is outside the prefetch count, so each one let RabbitMQ push one more
+        # to the consumer (11 held for 8 slots), each an attempt counted if the process
+        # dies; the worker waits for the push instead (the delivery wakes it)
+        windowed = queue in self._windows
         while len(out) < max_messages:
             if feed.held:
                 delivered = feed.held.popleft()
+            elif windowed:
+                break
             else:
                 got = await feed.get()
                 if got is None:
