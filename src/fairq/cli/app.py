@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import sys
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -197,8 +198,6 @@ async def watch_live(make: Callable[[], Awaitable[Any]], every: float = 1.0) -> 
             while True:
                 await asyncio.sleep(every)
                 live.update(await make())
-    import time
-
     while True:
         console.print(f"# {time.strftime('%Y-%m-%d %H:%M:%S')}")
         console.print(await make())

@@ -34,8 +34,8 @@ class AmqpLeases(AmqpCore):
     def _feed(self, queue: str) -> Feed:
         feed = self._feeds.get(queue)
         if feed is None:
-            prefetch = min(self.url.prefetch, self._windows.get(queue, self.url.prefetch))
-            feed = self._feeds[queue] = Feed(queue, self.link, prefetch, self._delivered)
+            feed = Feed(queue, self.link, self._prefetch(queue), self._delivered)
+            self._feeds[queue] = feed
         return feed
 
     def consumer_window(self, queue: str, n: int) -> None:
@@ -53,7 +53,12 @@ class AmqpLeases(AmqpCore):
             self._windows.pop(queue, None)
         feed = self._feeds.get(queue)
         if feed is not None:
-            feed.prefetch = min(self.url.prefetch, total) if total > 0 else self.url.prefetch
+            feed.prefetch = self._prefetch(queue)
+
+    def _prefetch(self, queue: str) -> int:
+        """The prefetch of ``queue``'s consumer: the URL's, or less while workers set a
+        window."""
+        return min(self.url.prefetch, self._windows.get(queue, self.url.prefetch))
 
     def _delivered(self, queue: str) -> None:
         self.wakeups.notify([queue])
