@@ -197,7 +197,7 @@ class LeaseHolder(Protocol):
     (``fairq.queue.Queue``), which speaks to the backend."""
 
     async def _ack_one(self, receipt: str, connection: object | None = None) -> None: ...
-    async def _nack(self, receipt: str, delay: float) -> None: ...
+    async def _nack(self, receipt: str, delay: float, error: str | None = None) -> None: ...
     async def _extend_one(self, receipt: str, seconds: float) -> None: ...
     async def _dead_letter(self, receipt: str, reason: str) -> None: ...
 
@@ -292,10 +292,12 @@ class Received:
         other backends raise ``Unsupported``."""
         await self._handle()._ack_one(self.receipt, connection)
 
-    async def nack(self, delay: float = 0.0) -> None:
+    async def nack(self, delay: float = 0.0, *, error: str | None = None) -> None:
         """Give the message back, visible again after ``delay`` seconds (or dead-lettered
-        if this was delivery number ``max_attempts``)."""
-        await self._handle()._nack(self.receipt, delay)
+        if this was delivery number ``max_attempts``). ``error`` says why this attempt
+        failed: a dead letter made by this nack keeps it as ``fairq.detail`` (a
+        :class:`~fairq.Worker` passes its handler's exception)."""
+        await self._handle()._nack(self.receipt, delay, error)
 
     async def extend(self, seconds: float) -> None:
         """Keep the lease: the message stays hidden until ``seconds`` from now."""

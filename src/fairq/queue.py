@@ -300,9 +300,11 @@ class Queue:
 
             raise LeaseLost(lost)
 
-    async def _nack(self, receipt: str, delay: float) -> None:
+    async def _nack(self, receipt: str, delay: float, error: str | None = None) -> None:
         delay = check_number("delay", delay)
-        await self._backend.nack(self.name, receipt, delay)
+        if error is not None and not isinstance(error, str):
+            raise InvalidOption(f"error must be a string or None, got {error!r}")
+        await self._backend.nack(self.name, receipt, delay, error[:1000] if error else None)
 
     async def _extend_one(self, receipt: str, seconds: float) -> None:
         seconds = check_number("seconds", seconds, strict=True)

@@ -296,6 +296,37 @@ async def test_rule6_max_attempts_by_nack(broker: fairq.Broker) -> None:
     assert dead.attributes["fairq.attempts"] == "2"
 
 
+async def test_rule6_a_last_nack_keeps_its_error_as_the_detail(broker: fairq.Broker) -> None:
+    """``nack(error=...)``: the text is the dead letter's ``fairq.detail`` when the nack
+    dead-letters the message; an earlier nack's error is not kept."""
+    q = await broker.declare_queue("erring", max_attempts=2)
+    await q.send(b"x", attributes={"order": "7"})
+    (m,) = await q.receive()
+    await m.nack(error="TimeoutError: first")
+    (m,) = await q.receive()
+    await m.nack(error="ValueError: bad total " + "x" * 2000)
+    (dead,) = await broker.queue("erring.dlq").receive()
+    attrs = dead.attributes
+    assert (attrs["fairq.reason"], attrs["fairq.attempts"], attrs["order"]) == (
+        "max_attempts",
+        "2",
+        "7",
+    )
+    assert attrs["fairq.detail"] == ("ValueError: bad total " + "x" * 2000)[:1000]
+    # without an error, no detail
+    await q.send(b"y")
+    for _ in range(2):
+        (m,) = await q.receive()
+        await m.nack()
+    await dead.ack()
+    (dead,) = await broker.queue("erring.dlq").receive()
+    assert dead.body == b"y" and "fairq.detail" not in dead.attributes
+    await q.send(b"z")
+    (m,) = await q.receive()
+    with pytest.raises(fairq.InvalidOption):
+        await m.nack(error=3)  # type: ignore[arg-type]
+
+
 async def test_rule6_dead_letter_now(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("poison", max_attempts=None)
     await q.send(b"x")

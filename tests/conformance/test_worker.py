@@ -136,6 +136,30 @@ async def test_reject_dead_letters_at_once(live_broker: fairq.Broker, q: fairq.Q
     )
 
 
+async def test_a_failure_on_the_last_attempt_dead_letters_with_the_error(
+    live_broker: fairq.Broker,
+) -> None:
+    """The handler's exception of the last attempt is the dead letter's ``fairq.detail``
+    (``Type: text``), so a look at the DLQ says why each message is there."""
+    q = await live_broker.declare_queue("failing", max_attempts=2)
+    await q.send(b"order-9")
+    worker = fairq.Worker(live_broker, handle_signals=False, poll_wait=0.2)
+
+    @worker.queue("failing", retry=fairq.Backoff(base=0.01, cap=0.01, jitter=0.0))
+    async def handle(msg: fairq.Received) -> None:
+        raise ValueError(f"total missing (attempt {msg.attempt})")
+
+    async def dead() -> bool:
+        return (await q.stats()).dead_lettered == 1
+
+    await run_until(worker, dead)
+    (m,) = await live_broker.queue("failing.dlq").receive()
+    assert (m.attributes["fairq.reason"], m.attributes["fairq.detail"]) == (
+        "max_attempts",
+        "ValueError: total missing (attempt 2)",
+    )
+
+
 async def test_sync_handlers_run_in_threads(live_broker: fairq.Broker, q: fairq.Queue) -> None:
     await q.send_batch([fairq.Outgoing(str(i)) for i in range(8)])
     threads: set[str] = set()

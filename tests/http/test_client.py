@@ -54,6 +54,18 @@ async def test_queues_through_the_client(client: Client) -> None:
         await client.queue("bad name").stats()
 
 
+async def test_a_last_nack_through_the_client_keeps_its_error(client: Client) -> None:
+    q = await client.declare_queue("once", max_attempts=1)
+    await q.send(b"x")
+    (m,) = await q.receive()
+    await m.nack(error="KeyError: 'total'")
+    (dead,) = await client.queue("once.dlq").peek()
+    assert (dead.attributes["fairq.reason"], dead.attributes["fairq.detail"]) == (
+        "max_attempts",
+        "KeyError: 'total'",
+    )
+
+
 async def test_topics_and_attention_through_the_client(client: Client) -> None:
     t = await client.declare_topic("orders")
     sub = await t.subscribe("sms", filter={"channel": ["sms"]}, routing="order.#", max_attempts=3)

@@ -282,9 +282,10 @@ class Backend(ABC):
         """Delete the messages of current leases; return the receipts that were not current."""
 
     @abstractmethod
-    async def nack(self, queue: str, receipt: str, delay: float) -> None:
+    async def nack(self, queue: str, receipt: str, delay: float, error: str | None = None) -> None:
         """End a lease without success: visible after ``delay``, or dead-lettered if it was
-        the last allowed attempt. Raises ``LeaseLost``."""
+        the last allowed attempt, with ``error`` (why it failed, if given) as the dead
+        letter's ``fairq.detail``. Raises ``LeaseLost``."""
 
     @abstractmethod
     async def extend(self, queue: str, receipts: list[str], seconds: float) -> list[str]:

@@ -108,7 +108,7 @@ async def ack(c: Call) -> m.AckResult:
 
 async def nack(c: Call) -> None:
     body: m.NackRequest = c.body
-    await c.broker.queue(c.path["queue"])._nack(body.receipt, body.delay)
+    await c.broker.queue(c.path["queue"])._nack(body.receipt, body.delay, body.error)
 
 
 async def extend(c: Call) -> m.ExtendResult:

@@ -157,10 +157,13 @@ class AckRequest(Request):
 
 
 class NackRequest(Request):
-    """Give a delivery back, visible again after ``delay`` seconds."""
+    """Give a delivery back, visible again after ``delay`` seconds; ``error`` (why the
+    attempt failed) becomes the dead letter's ``fairq.detail`` if this nack dead-letters it
+    (its last allowed attempt)."""
 
     receipt: Receipt
     delay: Seconds = 0.0
+    error: Annotated[str, Meta(max_length=1000)] | None = None
 
 
 class ExtendRequest(Request):

@@ -138,9 +138,13 @@ class RemoteReceived(Received):
             raise Unsupported("ack(connection=...) needs the PostgreSQL backend, not a server")
         await self._remote.ack_batch([self.receipt])
 
-    async def nack(self, delay: float = 0.0) -> None:
-        """Give the message back, visible again after ``delay`` seconds."""
-        await self._remote._post("nack", {"receipt": self.receipt, "delay": delay})
+    async def nack(self, delay: float = 0.0, *, error: str | None = None) -> None:
+        """Give the message back, visible again after ``delay`` seconds; ``error`` (why
+        this attempt failed) becomes ``fairq.detail`` if the nack dead-letters it."""
+        body: dict[str, object] = {"receipt": self.receipt, "delay": delay}
+        if error:
+            body["error"] = error[:1000]
+        await self._remote._post("nack", body)
 
     async def extend(self, seconds: float) -> None:
         """Keep the lease until ``seconds`` from now."""

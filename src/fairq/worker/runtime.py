@@ -17,7 +17,9 @@ import inspect
 import logging
 import random
 import signal
+import sys
 import threading
+import traceback
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -510,7 +512,8 @@ class Runtime:
 
     async def _failed(self, c: _Consumer, msg: Received, claim: Claim | None) -> None:
         """Settle a handler's failure (called inside its ``except``, for the traceback):
-        nack with the consumer's backoff, or dead-letter past ``max_attempts``."""
+        nack with the consumer's backoff, or dead-letter past ``max_attempts``; the nack
+        carries the exception (``Type: text``), a dead letter's ``fairq.detail``."""
         self.stats.failed += 1
         delay = c.retry.delay(msg.attempt, self._rng)
         if c.max_attempts is not None and msg.attempt >= c.max_attempts:
@@ -530,8 +533,10 @@ class Runtime:
                 msg.attempt,
                 delay,
             )
+        exc = sys.exc_info()[1]
+        error = None if exc is None else "".join(traceback.format_exception_only(exc)).strip()
         await self._end_claim(claim, done=False)  # before the nack: the retry may run
-        await self._settle(msg.nack(delay), msg)
+        await self._settle(msg.nack(delay, error=error), msg)
 
     async def _give_back(self, msgs: list[Received]) -> None:
         """Release messages a slice leased but will not start (not counted as attempts)."""

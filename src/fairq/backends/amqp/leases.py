@@ -228,19 +228,22 @@ class AmqpLeases(AmqpCore):
         self._end(receipt)
         return lease
 
-    async def nack(self, queue: str, receipt: str, delay: float) -> None:
+    async def nack(self, queue: str, receipt: str, delay: float, error: str | None = None) -> None:
         config = await self._config(queue)
         await self._expire_leases()
         lease = self._one(queue, receipt)
         self._count(queue, "nacked")
-        await self._give_back(lease, config, delay)
+        await self._give_back(lease, config, delay, error)
 
-    async def _give_back(self, lease: Lease, config: QueueConfig, delay: float) -> None:
+    async def _give_back(
+        self, lease: Lease, config: QueueConfig, delay: float, error: str | None = None
+    ) -> None:
         """A delivery ended without success (nack or expired lease): visible again after
-        ``delay``, or dead-lettered if it was the last allowed attempt."""
+        ``delay``, or dead-lettered if it was the last allowed attempt (``error``: why it
+        failed, the dead letter's ``fairq.detail``)."""
         if config.max_attempts is not None and lease.attempt >= config.max_attempts:
             if not lease.settled:
-                await self._dead_letter(lease, config, "max_attempts")
+                await self._dead_letter(lease, config, "max_attempts", error)
                 lease.settled = True
             if lease.ticket is not None:
                 await self._tickets_done([lease])

@@ -412,11 +412,11 @@ class MemoryQueues(Backend):
         self.wakeups.notify([queue])
         return lost
 
-    async def nack(self, queue: str, receipt: str, delay: float) -> None:
+    async def nack(self, queue: str, receipt: str, delay: float, error: str | None = None) -> None:
         q, m, now = self._settle_one(queue, receipt)
         q.counters["nacked"] += 1
         if q.config.max_attempts is not None and m.attempt >= q.config.max_attempts:
-            self._dead_letter(m, "max_attempts", now)
+            self._dead_letter(m, "max_attempts", now, error)
         elif delay > 0:
             self._move(m, WAITING, now + delay)
         else:

@@ -314,10 +314,10 @@ class PostgresBackend(Backend):
             self._woke(queue)
         return queues.lost_of(lost, receipts)
 
-    async def nack(self, queue: str, receipt: str, delay: float) -> None:
+    async def nack(self, queue: str, receipt: str, delay: float, error: str | None = None) -> None:
         (mid,), (lease,) = queues.receipts_arrays([receipt])
         try:
-            await self._one(self.q.nack, (queue, self.now(), mid, lease, delay))
+            await self._one(self.q.nack, (queue, self.now(), mid, lease, delay, error))
         except LeaseLost:
             raise LeaseLost([receipt]) from None
         self._woke(queue)

@@ -40,7 +40,7 @@ class Queries:
 
     @property
     def nack(self) -> str:
-        return f"SELECT {self.s}.nack(%s, %s, %s, %s, %s)"
+        return f"SELECT {self.s}.nack(%s, %s, %s, %s, %s, %s::text)"
 
     @property
     def reject(self) -> str:

@@ -297,9 +297,11 @@ class RedisQueues(RedisCore):
             if not fut.done():
                 fut.set_result(mine)
 
-    async def nack(self, queue: str, receipt: str, delay: float) -> None:
+    async def nack(self, queue: str, receipt: str, delay: float, error: str | None = None) -> None:
         try:
-            await self.run("nack", queue, queue, *_receipt_args([receipt]), repr(delay))
+            await self.run(
+                "nack", queue, queue, *_receipt_args([receipt]), repr(delay), error or ""
+            )
         except ScriptError as err:
             if err.code == "LOST":
                 raise LeaseLost([receipt]) from None

@@ -171,8 +171,8 @@ class SQLiteBackend(Backend):
     def ack(self, queue: str, receipts: list[str]) -> asyncio.Future[list[str]]:  # type: ignore[override]
         return self._call(store.ack, queue, receipts)
 
-    async def nack(self, queue: str, receipt: str, delay: float) -> None:
-        await self._call(store.nack, queue, receipt, delay)
+    async def nack(self, queue: str, receipt: str, delay: float, error: str | None = None) -> None:
+        await self._call(store.nack, queue, receipt, delay, error)
 
     async def extend(self, queue: str, receipts: list[str], seconds: float) -> list[str]:
         return await self._call(store.extend, queue, receipts, seconds)

@@ -196,7 +196,7 @@ def ack(t: Txn, name: str, receipts: list[str]) -> list[str]:
     return ack_leased(t, t.queue(name), receipts)[1]
 
 
-def nack(t: Txn, name: str, receipt: str, delay: float) -> None:
+def nack(t: Txn, name: str, receipt: str, delay: float, error: str | None = None) -> None:
     q = t.queue(name)
     rows, lost = current_leases(t, q, [receipt], full=True)
     if lost:
@@ -205,7 +205,7 @@ def nack(t: Txn, name: str, receipt: str, delay: float) -> None:
     t.add(q.id, "nacked", 1)
     cfg = q.config
     if cfg.max_attempts is not None and r[ATTEMPT] >= cfg.max_attempts:
-        dead_letter_rows(t, q, rows, "max_attempts")
+        dead_letter_rows(t, q, rows, "max_attempts", error)
         return
     t.add(q.id, "in_flight", -1)
     if delay > 0:

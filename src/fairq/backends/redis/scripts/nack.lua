@@ -1,7 +1,8 @@
 -- nack: end a lease without success: visible after delay, or dead-lettered after the
 -- last allowed attempt.
 -- KEYS[1] the family's due index
--- ARGV: header; 1 name, 2 "1", 3 the receipt ("id.lease"), 4 delay
+-- ARGV: header; 1 name, 2 "1", 3 the receipt ("id.lease"), 4 delay, 5 the error (fairq.detail
+-- of a dead letter; "" when none)
 -- returns 1 | error FQ:LOST
 sweep_family(fbase_of(arg(1)))
 local q = load_queue(arg(1))
@@ -12,7 +13,7 @@ local id, delay = ok[1], narg(4)
 redis.call('HINCRBY', q.n, 'nacked', 1)
 local attempt = tonumber(redis.call('HGET', q.a, id) or 0)
 if q.max_attempts and attempt >= q.max_attempts then
-  dead_letter(q, id, 'l', 'max_attempts', nil, attempt)
+  dead_letter(q, id, 'l', 'max_attempts', arg(5), attempt)
 else
   redis.call('ZREM', q.l, id); redis.call('HDEL', q.k, id); touch(q)
   local prio = 0
