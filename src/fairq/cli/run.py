@@ -65,6 +65,18 @@ def worker(
             "sqlite:///fairq.db).",
         ),
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            "--metrics-port",
+            min=0,
+            max=65535,
+            help="Serve the worker's /metrics (Prometheus) and /healthz on this port.",
+        ),
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address of --metrics-port.")
+    ] = "127.0.0.1",
 ) -> None:
     """Run a worker until SIGINT/SIGTERM (graceful: in-flight messages finish or go back)."""
     import logging
@@ -83,6 +95,8 @@ def worker(
         )
     if push:
         w.push()
+    if metrics_port is not None:
+        w.metrics_port, w.metrics_host = metrics_port, metrics_host
     _run(w.run)
 
 

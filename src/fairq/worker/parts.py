@@ -15,6 +15,7 @@ from ..errors import InvalidOption
 from ..idempotency import IdempotencyStore, IdempotentBy
 from ..message import Received
 from ..queue import Queue
+from .metrics import QueueRun
 from .runners import Runners
 
 __all__ = ["Backoff", "Handler", "WorkerStats", "queue_of"]
@@ -71,6 +72,8 @@ class WorkerStats:
     lease_lost: int = 0
     duplicates: int = 0  # messages acked unhandled: their idempotency key was taken
     per_queue: dict[str, int] = field(default_factory=dict)
+    #: by queue or attention domain: received, how handler runs ended, and their times
+    queues: dict[str, QueueRun] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -91,6 +94,7 @@ class _Consumer:
     slice_lease: float = 30.0
     reconcile_interval: float = 30.0
     handle_time: float | None = None  # mean seconds per handler call (attention slices)
+    run: QueueRun = field(default_factory=QueueRun)  # what its handlers did (worker.stats.queues)
     runners: Runners[_Running] | None = None  # the tasks its received messages run in
     retired: bool = False  # stop receiving (a push subscription that is gone or changed)
     window: int = 0  # what it told the backend it may run at once (consumer_window)

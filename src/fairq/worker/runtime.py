@@ -21,12 +21,14 @@ import sys
 import threading
 import traceback
 from collections.abc import Awaitable, Callable, Coroutine
+from time import monotonic
 from typing import Any
 
 from ..broker import Broker, connect
 from ..errors import ConnectionError, InvalidOption, LeaseLost, Reject
 from ..idempotency import Claim, IdempotentBy, KeyFunction
 from ..message import Received, check_name, check_number
+from .metrics import MetricsServer, Reading
 from .parts import (
     Backoff,
     Handler,
@@ -61,9 +63,14 @@ class Runtime:
         grace: float = 30.0,
         poll_wait: float = 5.0,
         handle_signals: bool = True,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidOption(f"concurrency must be a positive integer, got {concurrency!r}")
+        self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
+        self._check_metrics()
         # a long poll of 0 s never waits: an idle worker would spin without yielding
         poll_wait = check_number("poll_wait", poll_wait, strict=True)
         grace = check_number("grace", grace)
@@ -99,6 +106,49 @@ class Runtime:
         self._push_urls: dict[str, str] = {}  # push subscription queue -> the URL it posts to
         self._retired: list[_Consumer] = []  # push consumers stopped while the worker runs
         self._signal_task: asyncio.Future[None] | None = None
+        self._metrics: MetricsServer | None = None
+
+    def _check_metrics(self) -> None:
+        port = self.metrics_port
+        if port is not None and (
+            isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535
+        ):
+            raise InvalidOption(f"metrics_port must be a port number (0-65535), got {port!r}")
+        if not isinstance(self.metrics_host, str) or not self.metrics_host:
+            raise InvalidOption(f"metrics_host must be a host name, got {self.metrics_host!r}")
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """``(host, port)`` of the running worker's ``/metrics`` and ``/healthz`` (the port
+        chosen when ``metrics_port=0``); None when it serves none or is not running."""
+        m = self._metrics
+        return None if m is None else (m.host, m.port)
+
+    def _reading(self) -> Reading:
+        """The worker's state for its ``/metrics`` and ``/healthz`` (worker/metrics.py)."""
+        consumers = {**self._consumers, **self._domains}
+        running: dict[str, int] = dict.fromkeys(consumers, 0)
+        for run in list(self._running.values()):
+            name = run.consumer.name
+            running[name] = running.get(name, 0) + 1
+        stats = self.stats
+        for name, c in consumers.items():
+            stats.queues[name] = c.run
+        loop = self._loop
+        down = None
+        if self._outage_wait and loop is not None:
+            down = max(0.0, loop.time() - self._outage_since)
+        return Reading(
+            queues=stats.queues,
+            running=running,
+            concurrency={name: c.concurrency for name, c in consumers.items()},
+            slots=self.concurrency,
+            acked=stats.acked,
+            released=stats.released,
+            lease_lost=stats.lease_lost,
+            backend_down=down,
+            stopping=self._stopping is None or self._stopping.is_set(),
+        )
 
     def takes_url_from_environment(self) -> bool:
         """True when made without a broker or URL: :meth:`run` connects to ``$FAIRQ_URL``
@@ -181,6 +231,15 @@ class Runtime:
         signals = self._install_signals()
         self._tasks = []
         try:
+            self._check_metrics()
+            if self.metrics_port is not None:
+                self._metrics = MetricsServer(self._reading, self.metrics_host, self.metrics_port)
+                await self._metrics.start()
+                log.info(
+                    "worker metrics on http://%s:%d/metrics (health: /healthz)",
+                    self.metrics_host,
+                    self._metrics.port,
+                )
             for c in list(self._consumers.values()):
                 await self._attach(c)  # QueueNotFound now rather than later
             for c in list(self._consumers.values()):
@@ -201,6 +260,9 @@ class Runtime:
             await self._stopping.wait()
         finally:
             await self._shutdown()
+            if self._metrics is not None:
+                await self._metrics.close()
+                self._metrics = None
             for c in [*self._consumers.values(), *self._retired]:
                 if c.window and c.queue is not None:
                     c.queue._backend.consumer_window(c.name, -c.window)
@@ -361,6 +423,8 @@ class Runtime:
         """Count messages just received for ``c`` and keep their leases from now on (the
         lease keeper extends what is in ``_running``)."""
         self.stats.received += len(msgs)
+        c.run.received += len(msgs)
+        self.stats.queues[c.name] = c.run
         until = asyncio.get_running_loop().time() + c.lease
         runs = [_Running(c, m, until) for m in msgs]
         running = self._running
@@ -472,21 +536,31 @@ class Runtime:
         """Run ``c``'s handler on ``msg``; settle a rejection (dead letter) or a failure (nack
         with backoff) here. True when the handler succeeded: the caller acks."""
         claim: Claim | None = None
+        counts = c.run
+        # handler times only while metrics are served (two clock reads and a bucket a message)
+        timed = self._metrics is not None
         try:
             if c.idempotency is not None:
                 first, claim = await self._claim(c, msg)
                 if not first:
+                    counts.duplicate += 1
                     return False
-            if c.is_async:
-                await c.handler(msg)
-            else:
-                assert self._pool is not None
-                ctx = contextvars.copy_context()
-                await asyncio.get_running_loop().run_in_executor(
-                    self._pool, functools.partial(ctx.run, c.handler, msg)
-                )
+            started = monotonic() if timed else 0.0
+            try:
+                if c.is_async:
+                    await c.handler(msg)
+                else:
+                    assert self._pool is not None
+                    ctx = contextvars.copy_context()
+                    await asyncio.get_running_loop().run_in_executor(
+                        self._pool, functools.partial(ctx.run, c.handler, msg)
+                    )
+            finally:
+                if timed:
+                    counts.times.observe(monotonic() - started)
         except Reject as rej:
             self.stats.rejected += 1
+            counts.rejected += 1
             await self._end_claim(claim, done=False)
             await self._settle(msg.dead_letter(rej.reason), msg)
             return False
@@ -498,11 +572,14 @@ class Runtime:
             # the handler's own CancelledError (a task or timeout of its own that it let
             # out), not this worker's cancellation: a failure like any other, retried now
             # rather than left to wait for the end of its lease
+            counts.failed += 1
             await self._failed(c, msg, claim)
             return False
         except Exception:
+            counts.failed += 1
             await self._failed(c, msg, claim)
             return False
+        counts.ok += 1
         stats = self.stats
         stats.acked += 1
         stats.per_queue[msg.queue] = stats.per_queue.get(msg.queue, 0) + 1
