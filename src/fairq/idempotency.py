@@ -282,14 +282,18 @@ class InboxClaim(Claim):
 
 class _KeepAlive:
     """Timer-driven extensions of one claim: no task exists until an extension is due,
-    so short work (the common case) costs one timer."""
+    so short work (the common case) costs one timer. An extension that fails for want of
+    the engine (a restart, a dropped connection) is tried again soon, until one works or
+    the claim is found lost: one failure must not leave the claim to run out while the
+    work goes on, for another claimer would then run it a second time."""
 
-    __slots__ = ("_claim", "_handle", "_loop", "_task")
+    __slots__ = ("_claim", "_failing", "_handle", "_loop", "_task")
 
     def __init__(self, claim: KeptAlive) -> None:
         self._claim = claim
         self._loop = asyncio.get_running_loop()
         self._task: asyncio.Task[None] | None = None
+        self._failing = False
         self._handle: asyncio.TimerHandle | None = self._loop.call_later(claim.lease / 3, self._due)
 
     def _due(self) -> None:
@@ -298,15 +302,29 @@ class _KeepAlive:
 
     async def _extend(self) -> None:
         claim = self._claim
+        pause = claim.lease / 3
         try:
             await claim.extend()
-        except Exception as exc:
-            log.warning("could not keep the claim of %r: %s", claim.key, exc)
+        except ClaimLost as exc:
+            log.warning("the claim of %r is lost: %s", claim.key, exc)
             return
+        except Exception as exc:
+            if not self._failing:
+                log.warning(
+                    "could not keep the claim of %r (%s); trying again until it works",
+                    claim.key,
+                    exc,
+                )
+                self._failing = True
+            pause = min(0.5, claim.lease / 6)
+        else:
+            if self._failing:
+                log.info("the claim of %r is kept again", claim.key)
+                self._failing = False
         finally:
             self._task = None
         if not claim.settled:
-            self._handle = self._loop.call_later(claim.lease / 3, self._due)
+            self._handle = self._loop.call_later(pause, self._due)
 
     def stop(self) -> None:
         if self._handle is not None:

@@ -11,6 +11,7 @@ private redis-server in this suite's port range (never the shared one):
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -195,3 +196,29 @@ async def test_an_outage_under_a_running_handler_is_a_few_lines_of_log(
     assert text.count("could not extend leases") == 1, text
     assert text.count("cannot be reached") == 1, text
     assert "answers again" in text
+
+
+async def test_a_kept_alive_claim_outlives_an_outage_shorter_than_its_lease(
+    server: RedisServer,
+) -> None:
+    """An extension that fails while Redis restarts is tried again until one works: the
+    claim is never left to run out under running work (another claimer would run it too)."""
+    async with (
+        await fairq.connect(_url(server)) as broker,
+        await fairq.connect(_url(server)) as other,
+    ):
+        store, rival = broker.idempotency("charges", ttl=60), other.idempotency("charges", ttl=60)
+        claim = await store.claim("order-1", lease=3)
+        assert claim is not None
+        async with claim.kept_alive():
+            await asyncio.sleep(1.2)  # one extension made (at 1 s)
+            server.kill()
+            await asyncio.sleep(1.0)  # the next one (at 2.2 s) meets the outage
+            server.start()
+            deadline = time.monotonic() + 5  # 4 s after the last extension that worked
+            while time.monotonic() < deadline:
+                with contextlib.suppress(fairq.ConnectionError):
+                    assert await rival.claim("order-1", lease=3) is None, "the claim ran out"
+                await asyncio.sleep(0.2)
+        await claim.complete("charged")
+        assert await rival.get("order-1") is not None
