@@ -53,7 +53,7 @@ from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .adaptive import AdaptiveRate, Health, HealthMeter
-from .errors import BackendError, ConfigConflict, InvalidOption, InvalidToken
+from .errors import BackendError, ConfigConflict, ConnectionError, InvalidOption, InvalidToken
 from .message import check_key, check_name, check_number
 from .model.rooms import (
     ROOM_STATES,
@@ -217,8 +217,9 @@ class WaitingRoom:
         seconds if it dies. Each step (every ``tick`` seconds) renews the lease and lets in
         what the rate allows since the last step, so admission is smooth, and exact over
         time. With ``adaptive``, the holder also adjusts the rate from a health signal. A
-        failing backend step is logged and retried; a deleted room ends the admitter
-        (``RoomNotFound``).
+        step that fails (an engine error, or the engine out of reach: a restart, a dropped
+        connection) is logged and retried every second at most, so admission goes on once
+        the engine is back; a deleted room ends the admitter (``RoomNotFound``).
         """
         tick = check_number("tick", tick, strict=True)
         lease = check_number("lease", lease, strict=True)
@@ -233,13 +234,14 @@ class WaitingRoom:
             while True:
                 try:
                     result = await self.backend.room_tick(self.name, holder, lease)
-                except BackendError as exc:
+                except (BackendError, ConnectionError) as exc:
                     task = asyncio.current_task()
                     if task is not None and task.cancelling():
                         raise asyncio.CancelledError() from exc  # a step cut short by a cancel
-                    # a busy or failing engine: the lease may lapse, another may take over
+                    # a busy, failing or unreachable engine: the lease may lapse, and another
+                    # admitter take over; this one tries again
                     log.warning("room %s: admission step failed: %s", self.name, exc)
-                    await asyncio.sleep(lease / 3)
+                    await asyncio.sleep(min(lease / 3, 1.0))
                     continue
                 if result.fence != fence:
                     if result.fence is not None:
@@ -275,7 +277,10 @@ class WaitingRoom:
                                 rate,
                                 health,
                             )
-                            await self.set_rate(rate)
+                            try:
+                                await self.set_rate(rate)
+                            except (BackendError, ConnectionError) as exc:
+                                log.warning("room %s: could not set the rate: %s", self.name, exc)
                 await asyncio.sleep(tick)
         finally:
             with contextlib.suppress(Exception):

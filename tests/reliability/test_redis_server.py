@@ -222,3 +222,32 @@ async def test_a_kept_alive_claim_outlives_an_outage_shorter_than_its_lease(
                 await asyncio.sleep(0.2)
         await claim.complete("charged")
         assert await rival.get("order-1") is not None
+
+
+async def test_a_room_admitter_goes_on_after_a_restart(server: RedisServer) -> None:
+    """``run_admitter`` meets ``fairq.ConnectionError`` while Redis restarts, logs it and
+    admits again once Redis is back (it used to end with the error, stopping admission)."""
+    async with await fairq.connect(_url(server)) as broker:
+        room = await broker.waiting_room("sale", admit_rate=50)
+        await room.join_many([f"fan-{i}" for i in range(2000)])
+        task = asyncio.create_task(room.run_admitter(tick=0.05, lease=1.0))
+        try:
+            await asyncio.sleep(0.5)
+            server.kill()
+            await asyncio.sleep(1.5)
+            assert not task.done(), f"the admitter ended: {task.exception()}"
+            server.start()
+            deadline = time.monotonic() + 10
+            before = None
+            while before is None:
+                assert time.monotonic() < deadline
+                with contextlib.suppress(fairq.ConnectionError):
+                    before = (await room.stats()).admitted
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(2.0)
+            assert not task.done(), f"the admitter ended: {task.exception()}"
+            assert (await room.stats()).admitted >= before + 40  # ~50/s again
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
