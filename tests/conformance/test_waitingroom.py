@@ -633,6 +633,26 @@ async def test_secrets_and_generated_keys(broker: fairq.Broker) -> None:
     assert (await broker.waiting_room("sec", secret=SECRET)).kid == RoomKeys("sec", SECRET).kid
 
 
+@pytest.mark.parametrize("made_with", [SECRET, None], ids=["secret", "generated"])
+async def test_declaring_with_another_secret_changes_nothing(
+    broker: fairq.Broker, made_with: bytes | None
+) -> None:
+    """``waiting_room(name, secret=OTHER)`` on an existing room raises ``ConfigConflict``
+    and leaves the room as it was: its key (the tickets and tokens it gave out stay good)
+    and its options."""
+    room = await room_with(broker, "keyed", secret=made_with)
+    waiting = (await room.join("fan-2")).ticket
+    token = await admitted_token(room, "fan-1")
+    before = await broker.backend.room_record("keyed")
+    with pytest.raises(fairq.ConfigConflict, match="pass the same secret"):
+        await broker.waiting_room("keyed", admit_rate=999, secret=b"y" * 32)
+    after = await broker.backend.room_record("keyed")
+    assert (after.kid, after.config) == (before.kid, before.config)
+    same = await broker.room("keyed", secret=made_with)
+    assert same.verify(token)["fan"] == "fan-1"
+    assert (await same.status(waiting)).state in ("waiting", "admitted")
+
+
 # -- rule 7: sold out; closing ---------------------------------------------------------------------
 async def test_sold_out_answers_everyone(broker: fairq.Broker, clock: fairq.ManualClock) -> None:
     room = await room_with(broker)

@@ -576,9 +576,11 @@ class Backend(ABC):
     ) -> RoomRecord:
         """Create the room with ``options`` (the rest defaults), or set ``options`` on the
         existing one (``admit_rate`` also sets the live rate; ``opens_at`` cannot change
-        once drawn: ``ConfigConflict``). ``secret_kid`` (the processes pass a secret):
-        store that key id and no seed; else a new room keeps ``seed`` (its generated root
-        secret) and ``seed_kid``, and an existing room keeps what it has."""
+        once drawn: ``ConfigConflict``). ``secret_kid`` (the processes pass a secret): a new
+        room stores that key id and no seed, an existing room whose key id differs raises
+        ``ConfigConflict`` (``room_policy.other_key``) and changes nothing; without it a new
+        room keeps ``seed`` (its generated root secret) and ``seed_kid``, and an existing
+        room keeps what it has. A room's key never changes."""
 
     @abstractmethod
     async def room_record(self, room: str) -> RoomRecord:

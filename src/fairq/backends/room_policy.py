@@ -350,10 +350,25 @@ def consume(
     return "ok"
 
 
-def check_options(row: RoomRow, options: dict[str, object]) -> RoomConfig:
+def other_key(name: str, kid: str) -> str:
+    """The ``ConfigConflict`` text for a process whose secret is not the room's."""
+    return (
+        f"this secret is not the one waiting room {name!r} signs with (its key id is {kid}); "
+        "pass the same secret in every process"
+    )
+
+
+def check_options(
+    row: RoomRow, options: dict[str, object], secret_kid: str | None = None
+) -> RoomConfig:
     """The room's config with ``options`` applied; ``opens_at`` cannot move once the room
-    has opened (the pre-queue was drawn)."""
+    has opened (the pre-queue was drawn), and a process that passes a secret must pass
+    the room's (``secret_kid``): a room's key never changes, or its waiting fans' tickets
+    and its admitted fans' tokens would all be refused."""
     from ..errors import ConfigConflict
+
+    if secret_kid is not None and secret_kid != row.kid:
+        raise ConfigConflict(other_key(row.name, row.kid))
 
     config = RoomConfig(**{**row.config.to_dict(), **options}).validated()
     if (

@@ -108,11 +108,9 @@ class MemoryWaitingRoom(MemoryQueues):
         else:
             row = r.row
             policy.draw_if_due(row, now)
-            row.config = policy.check_options(row, dict(options))
+            row.config = policy.check_options(row, dict(options), secret_kid)
             if "admit_rate" in options:
                 row.rate = row.config.admit_rate
-            if secret_kid is not None:
-                row.kid, row.key_seed = secret_kid, None
         policy.draw_if_due(row, now)
         return _record(row)
 

@@ -197,11 +197,9 @@ async def declare_room(
             return _record(room.row)
         room = await _room(t, name)  # created meanwhile by another process
     row = room.row
-    row.config = policy.check_options(row, dict(options))
+    row.config = policy.check_options(row, dict(options), secret_kid)
     if "admit_rate" in options:
         row.rate = row.config.admit_rate
-    if secret_kid is not None:
-        row.kid, row.key_seed = secret_kid, None
     await room.save()
     return _record(row)
 

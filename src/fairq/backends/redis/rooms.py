@@ -31,7 +31,7 @@ from ...draw import draw_position
 from ...errors import BackendError, ConfigConflict, RoomNotFound
 from ...model.rooms import Place, RoomConfig, RoomRecord, RoomStats, TickResult
 from .. import room_policy as policy
-from ..room_policy import RoomRow
+from ..room_policy import RoomRow, other_key
 from .conn import ScriptError
 from .idempotency import RedisIdempotency
 from .queues import _text
@@ -141,7 +141,7 @@ class RedisRooms(RedisIdempotency):
         try:
             got = await self.run_key(script, self._rkey(room), secrets.token_bytes(32), *args)
         except ScriptError as err:
-            if err.code == "CONFLICT":
+            if err.code in ("CONFLICT", "KEY"):
                 raise
             raise BackendError(f"redis {script}: {err.code} {' '.join(err.values)}") from None
         if got == []:
@@ -180,7 +180,9 @@ class RedisRooms(RedisIdempotency):
                 seed,
                 seed_kid,
             )
-        except ScriptError:
+        except ScriptError as err:
+            if err.code == "KEY":
+                raise ConfigConflict(other_key(room, err.values[0])) from None
             raise ConfigConflict(
                 f"waiting room {room!r} has opened (its pre-queue was drawn): opens_at "
                 "cannot change any more"

@@ -163,11 +163,9 @@ def declare_room(
         room = _room(t, name)
     else:
         row = room.row
-        row.config = policy.check_options(row, dict(options))
+        row.config = policy.check_options(row, dict(options), secret_kid)
         if "admit_rate" in options:
             row.rate = row.config.admit_rate
-        if secret_kid is not None:
-            row.kid, row.key_seed = secret_kid, None
     room.save()
     return _record(room.row)
 

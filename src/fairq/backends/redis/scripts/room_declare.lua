@@ -33,6 +33,10 @@ if r == nil then
   room_draw_if_due(r, arg(1))
 else
   room_draw_if_due(r, arg(1))
+  if arg(4) ~= '' and arg(4) ~= r.kid then  -- another secret: a room's key never changes
+    room_save(r)
+    return fail('KEY', r.kid)
+  end
   local options = cjson.decode(arg(2))
   local cfg = r.cfg
   local new = {admit_rate = cfg.admit_rate, token_ttl = cfg.token_ttl,
@@ -51,7 +55,6 @@ else
   r.cfg = new
   rset(r, 'config', config_json(new))
   if options.admit_rate ~= nil then rset(r, 'rate', new.admit_rate) end
-  if arg(4) ~= '' then rset(r, 'kid', arg(4)); rset(r, 'key_seed', nil) end
 end
 room_save(r)
 return {f17(NOW), room_flat(r)}
