@@ -35,3 +35,6 @@ async def test_the_full_subscription_is_named_and_the_stored_copies_counted(
     assert (s.visible, s.sent) == (2, 2), "audit got both copies and counts both"
     full = await broker.queue("sales.mailer").stats()
     assert (full.visible, full.sent) == (1, 1)
+    # the topic counts what went out: the refused publish reached audit
+    ts = await t.stats()
+    assert (ts.published, ts.copies) == (2, 3)

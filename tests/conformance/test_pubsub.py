@@ -67,6 +67,22 @@ async def test_rule1_copies_are_atomic_when_a_subscription_is_full(broker: fairq
     assert (await t.stats()).published == 2
 
 
+async def test_rule1_a_batch_larger_than_a_bounded_subscription_is_refused_whole(
+    broker: fairq.Broker,
+) -> None:
+    """More copies for a bounded ``reject`` subscription than its ``max_length``: nothing of
+    the batch goes anywhere, on every engine (RabbitMQ checks before publishing)."""
+    t = await broker.declare_topic("whole")
+    roomy = await t.subscribe("roomy")
+    small = await t.subscribe("small", max_length=3, overflow="reject")
+    with pytest.raises(fairq.QueueFull, match=r"larger than max_length|full"):
+        await t.publish_batch([Outgoing(f"{i}") for i in range(5)])
+    assert ((await roomy.stats()).sent, (await small.stats()).sent) == (0, 0)
+    assert (await roomy.stats()).visible == 0
+    s = await t.stats()
+    assert (s.published, s.copies) == (0, 0)
+
+
 @pytest.mark.requires("overflow.block")
 async def test_rule1_publish_blocks_on_a_full_blocking_subscription(
     live_broker: fairq.Broker,

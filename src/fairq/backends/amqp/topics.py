@@ -175,7 +175,19 @@ class AmqpTopics(AmqpQueues):
         position = {id(e): i for i, e in enumerate(envelopes)}
         fresh_ids = [ids[position[id(e)]] for e in plan.fresh]
         try:
-            await self._fan_out(topic, subs, copies.copies, copies.matched, fresh_ids)
+            for queue, got in copies.per_queue.items():  # a bounded one it cannot fit: none
+                bound = await self._config(queue)
+                if bound.max_length is not None and len(got) > bound.max_length:
+                    raise QueueFull(queue, bound.max_length, "the batch is larger than max_length")
+            reached, refused = await self._fan_out(
+                topic, subs, copies.copies, copies.matched, fresh_ids
+            )
+            if refused is not None:
+                if reached:  # the other subscriptions got their copies: counted
+                    await self.store.add_counts(
+                        f"topic:{topic}", {"published": len(reached), "copies": sum(reached)}
+                    )
+                raise refused
         except BaseException:
             for key in claimed:
                 await self.store.forget_claim(scope, key)
@@ -206,9 +218,12 @@ class AmqpTopics(AmqpQueues):
         copies: list[Envelope],
         matched: list[list[str]],
         ids: list[str],
-    ) -> None:
+    ) -> tuple[list[int], QueueFull | None]:
+        """Publish the copies. If a bounded subscription refused some, the copies that went
+        out of each message that reached a queue, and the ``QueueFull`` to raise."""
         items: list[tuple[str, str, bytes, dict[str, Any], int, str]] = []
         counted: list[list[str]] = []
+        owner: list[str] = []  # the message (id) of each item
         for env, names, mid in zip(copies, matched, ids, strict=True):
             queues = [subs[n].queue for n in names]
             if not queues:
@@ -218,14 +233,16 @@ class AmqpTopics(AmqpQueues):
                     exchange, key = await self._route(q, env.delay)
                     items.append((exchange, key, env.body, dict(env.attributes), 0, mid))
                     counted.append([q])
+                    owner.append(mid)
                 continue
             headers: dict[str, Any] = dict(env.attributes)
             if len(queues) > 1:
                 headers["BCC"] = queues[1:]
             items.append(("", queues[0], env.body, headers, 0, mid))
             counted.append(queues)
+            owner.append(mid)
         if not items:
-            return
+            return [], None
         took = await self._publish(items, f"publishing to topic {topic!r}")
         refused = [qs for qs, ok in zip(counted, took, strict=True) if not ok]
         # a refused publish reached its queues but the full ones (RabbitMQ's nack does not
@@ -236,14 +253,17 @@ class AmqpTopics(AmqpQueues):
                 config = await self._config(q)
                 if config.max_length is not None and config.overflow == "reject":
                     full[q] = config
-        for qs, ok in zip(counted, took, strict=True):
-            for q in qs:
-                if ok or q not in full:
-                    self._count(q, "sent")
-                    self.wakeups.notify([q])
+        reached: dict[str, int] = {}  # copies that went out, by message
+        for qs, ok, mid in zip(counted, took, owner, strict=True):
+            went = [q for q in qs if ok or q not in full]
+            for q in went:
+                self._count(q, "sent")
+                self.wakeups.notify([q])
+            if went:
+                reached[mid] = reached.get(mid, 0) + len(went)
         if refused:
             name = next(iter(full), refused[0][0])
-            raise QueueFull(
+            return list(reached.values()), QueueFull(
                 name,
                 full[name].max_length or 0 if name in full else 0,
                 f"RabbitMQ refused {len(refused)} of {len(items)} publishes of topic {topic!r}: "
@@ -251,6 +271,7 @@ class AmqpTopics(AmqpQueues):
                 "full; the other subscriptions got their copies",
                 "reject",
             )
+        return [], None
 
     async def topic_stats(self, topic: str) -> TopicStats:
         await self._topic(topic)
