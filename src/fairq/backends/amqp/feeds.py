@@ -141,9 +141,22 @@ class Feed:
             return ch
 
     async def _consume(self, ch: Channel) -> None:
+        if self._cancelled not in ch.on_consumer_cancel_callbacks:
+            ch.on_consumer_cancel_callbacks.add(self._cancelled)
         with driver_errors(f"consuming queue {self.queue!r}", self.link.url.masked):
             ok = await ch.basic_consume(self.queue, self._deliver, no_ack=False)
         self.consumer_tag = ok.consumer_tag
+
+    async def _cancelled(self, frame: Any) -> None:
+        """RabbitMQ cancelled this feed's consumer (``basic.cancel`` from the broker: the
+        queue was deleted, by another process most often). The feed consumes again at its
+        next :meth:`start` — a queue declared again under the same name (a subscription
+        made anew) is a new queue, which the old consumer would never hear from."""
+        if frame.consumer_tag is not None and frame.consumer_tag == self.consumer_tag:
+            self.consumer_tag = None
+            for message in self.held:  # deliveries of the deleted queue: gone with it
+                self.unsettled.discard(int(message.delivery.delivery_tag))
+            self.held.clear()
 
     async def _deliver(self, message: Delivered) -> None:
         if message.channel is self.channel:

@@ -37,6 +37,9 @@ from .headers import GROUP, attributes_of
 from .leases import AmqpLeases, log
 from .link import driver_errors, spec
 
+#: seconds a delete of a queue others consume waits before it returns (``delete_queue``)
+_DELETE_SETTLE = 0.2
+
 __all__ = ["AmqpQueues"]
 
 
@@ -153,9 +156,21 @@ class AmqpQueues(AmqpLeases):
             await feed.close()
         for receipt in [r for r, lease in self._leases.items() if lease.queue == name]:
             del self._leases[receipt]
+        consumers = 0
+        with contextlib.suppress(QueueNotFound):  # (gone already: the delete is a no-op)
+            admin = await self.link.channel("admin")
+            with driver_errors(f"reading queue {name!r}", self.url.masked):
+                ok = await admin.queue_declare(name, passive=True)
+                consumers = int(ok.consumer_count or 0)
         admin = await self.link.channel("admin")
         with driver_errors(f"deleting queue {name!r}", self.url.masked):
             await admin.queue_delete(name)
+        if consumers:
+            # RabbitMQ 3.10 answers a quorum queue's delete before the queue has stopped
+            # when another process consumes it; a queue declared again under the same name
+            # meanwhile (within ~50 ms) is broken and loses what it is sent. A delete that
+            # returns a moment later keeps this process's own delete-then-declare safe.
+            await asyncio.sleep(_DELETE_SETTLE)
         with contextlib.suppress(Exception):
             await self.store.drop_counts(f"queue:{name}")
         self._counts.pop(name, None)
