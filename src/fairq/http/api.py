@@ -87,6 +87,11 @@ async def receive(c: Call) -> m.Messages:
     check_wait(c, body.wait)
     q = c.broker.queue(c.path["queue"])
     got = await q.receive(body.max_messages, body.visibility_timeout, body.wait)
+    if got and c.gone is not None and c.gone.is_set():
+        # the client left while the engine leased these: nobody would get them, and each
+        # would count an attempt at the end of its lease; they go back at once, uncounted
+        await q.release_batch([x.receipt for x in got])
+        return m.Messages([])
     return m.Messages([m.message(x) for x in got])
 
 

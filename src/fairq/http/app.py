@@ -53,7 +53,16 @@ from .nesting import MAX_DEPTH, too_deep
 from .openapi import openapi
 from .sampler import Sampler
 from .session import SESSION_TTL, Sessions
-from .waiting import MAX_WAITING, Holding, ShuttingDown, WaitSlots, may_wait, waits
+from .waiting import (
+    MAX_WAITING,
+    ClientGone,
+    Holding,
+    ShuttingDown,
+    WaitSlots,
+    disconnected,
+    may_wait,
+    waits,
+)
 
 __all__ = ["BodyLimit", "create_app", "error_response"]
 
@@ -143,8 +152,14 @@ def endpoint(
                         "blocked sends): retry shortly",
                         {"Retry-After": "1"},
                     )
+                call.gone = asyncio.Event()
+                left = None if route.stream else disconnected(request.receive)
                 try:
-                    result = await waiting.run(route.handler(call))
+                    result = await waiting.run(route.handler(call), call.gone, left)
+                except ClientGone:
+                    waiting.give()
+                    # nobody reads this answer: the work ended having done nothing
+                    return error_response(499, "client_gone", "the client closed the request")
                 except ShuttingDown:
                     waiting.give()
                     return error_response(

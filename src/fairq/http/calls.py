@@ -5,6 +5,7 @@ shared :class:`ServerState` and :class:`Limits`, a :class:`Route` of the table i
 
 from __future__ import annotations
 
+import asyncio
 import re
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -86,6 +87,9 @@ class Call:
     query: Any = None
     #: who made the request; None on a public route called without a valid key
     principal: Principal | None = None
+    #: set when the client closed its connection while the request waited
+    #: (``waiting.WaitSlots.run``): what a long poll leased then is given back
+    gone: asyncio.Event | None = None
 
     @property
     def broker(self) -> Broker:

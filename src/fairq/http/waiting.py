@@ -19,13 +19,33 @@ from starlette.types import Receive, Scope, Send
 
 from ..backends.base import STOP_WAITING, WaitInterrupted
 
-__all__ = ["MAX_WAITING", "Holding", "ShuttingDown", "WaitSlots", "may_wait", "waits"]
+__all__ = [
+    "MAX_WAITING",
+    "ClientGone",
+    "Holding",
+    "ShuttingDown",
+    "WaitSlots",
+    "disconnected",
+    "may_wait",
+    "waits",
+]
 
 T = TypeVar("T")
 
 
 class ShuttingDown(Exception):
     """The server began to stop while the request waited (``WaitSlots.run``)."""
+
+
+class ClientGone(Exception):
+    """The client closed its connection while its request waited (``WaitSlots.run``)."""
+
+
+async def disconnected(receive: Receive) -> None:
+    """Return when the client has gone (``http.disconnect``); call it after the request's
+    body was read, so the only message left to come is that one."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 #: the default most requests waiting at once in one server
@@ -68,26 +88,42 @@ class WaitSlots:
         """
         self.closing.set()
 
-    async def run(self, work: Awaitable[T]) -> T:
+    async def run(
+        self,
+        work: Awaitable[T],
+        gone: asyncio.Event | None = None,
+        left: Awaitable[None] | None = None,
+    ) -> T:
         """Await a waiting request's ``work``; if the server begins to stop first, end it
         where it waits and raise :class:`ShuttingDown`. The work sees the stop in its waits
         (:data:`~fairq.backends.base.STOP_WAITING`): a long poll or blocked send that is
         waiting ends at once having received or stored nothing, while one whose engine call
         is already on its way gets that call's answer, which stands (a send that stored
-        says so). Work still running ``STOP_GRACE`` seconds into the stop is cancelled."""
-        stop = STOP_WAITING.set(self.closing)
+        says so). Work still running ``STOP_GRACE`` seconds into the stop is cancelled.
+
+        ``left`` (:func:`disconnected`) returns when the client closes its connection: the
+        work is ended the same way, ``gone`` is set first (a receive whose engine call
+        leased messages meanwhile gives them back, ``api.receive``), and
+        :class:`ClientGone` is raised if the work was ended where it waited."""
+        stopping = asyncio.Event()  # ends the work's waits: the server stops, the client left
+        stop = STOP_WAITING.set(stopping)
         try:
             task = asyncio.ensure_future(work)
         finally:
             STOP_WAITING.reset(stop)
+        watch: list[asyncio.Future[Any]] = [asyncio.ensure_future(self.closing.wait())]
+        if left is not None:
+            watch.append(asyncio.ensure_future(left))
         try:
-            if not self.closing.is_set():
-                closing = asyncio.ensure_future(self.closing.wait())
-                try:
-                    await asyncio.wait({task, closing}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    closing.cancel()
+            try:
+                await asyncio.wait({task, *watch}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in watch:
+                    w.cancel()
             if not task.done():
+                if gone is not None and len(watch) > 1 and watch[1].done():
+                    gone.set()
+                stopping.set()
                 await asyncio.wait({task}, timeout=STOP_GRACE)
         except asyncio.CancelledError:  # the request itself is cancelled: so is its work
             task.cancel()
@@ -95,14 +131,15 @@ class WaitSlots:
             raise
         if not task.done():
             task.cancel()
+        ended = ClientGone if gone is not None and gone.is_set() else ShuttingDown
         try:
             return await task
         except WaitInterrupted:
-            raise ShuttingDown from None
+            raise ended from None
         except asyncio.CancelledError:
             if asyncio.current_task().cancelling():  # type: ignore[union-attr]
                 raise
-            raise ShuttingDown from None
+            raise ended from None
 
     def take(self) -> bool:
         """Take a slot; False when all ``limit`` are taken."""
