@@ -218,7 +218,8 @@ def _check_number(key: str, value: Any, where: str) -> float:
     number = _float_or_inf(value)
     if not math.isfinite(number):
         raise InvalidFilter(
-            f"filter key {key!r}: {where} needs a finite number, got {_show(value)}"
+            f"filter key {key!r}: {where} needs a finite number, got {_show(value)} (integers "
+            "of at most 64 bits; write larger ones as floats: 1e30)"
         )
     return number
 
@@ -304,7 +305,10 @@ def _compile_numeric(key: str, spec: Any) -> _Test:
         ):
             raise bad("needs an operator and a number")
         if not math.isfinite(_float_or_inf(number)):
-            raise bad("needs finite numbers")
+            raise InvalidFilter(
+                f'filter key {key!r}: "numeric" needs finite numbers, got {_show(spec)} '
+                "(integers of at most 64 bits; write larger ones as floats: 1e30)"
+            )
         bounds.append((operator, float(number)))
     if len(bounds) == 1:
         ((operator, bound),) = bounds
@@ -323,6 +327,10 @@ def _compile_numeric(key: str, spec: Any) -> _Test:
 
 
 def _float_or_inf(number: int | float) -> float:
+    """The number as a float; inf for one no float (nor a stored filter) can hold — an int
+    of more than 64 bits, which JSON engines and their stores refuse (write 1e30 instead)."""
+    if isinstance(number, int) and not -(2**63) <= number < 2**64:
+        return math.inf
     try:
         return float(number)
     except OverflowError:
