@@ -66,6 +66,14 @@ async def connect(
     return Broker(backend, url, max_message_bytes)
 
 
+def _prefix(prefix: object) -> bool:
+    """Check a listing's ``prefix``; False when no name can start with it (names never hold
+    NUL, which PostgreSQL's text refuses: the listing is empty on every engine)."""
+    if not isinstance(prefix, str):
+        raise InvalidOption(f"prefix must be a string, got {prefix!r}")
+    return "\x00" not in prefix
+
+
 class Broker:
     """A connection to one backend; hands out :class:`~fairq.queue.Queue` handles.
 
@@ -152,8 +160,8 @@ class Broker:
 
     async def list_queues(self, prefix: str = "") -> list[str]:
         """Names of the queues that start with ``prefix``, sorted."""
-        if not isinstance(prefix, str):
-            raise InvalidOption(f"prefix must be a string, got {prefix!r}")
+        if not _prefix(prefix):
+            return []
         return await self.backend.list_queues(prefix)
 
     async def redrive(self, queue: str, to: str | None = None, limit: int | None = None) -> int:
@@ -226,8 +234,8 @@ class Broker:
 
     async def list_attention(self, prefix: str = "") -> list[str]:
         """Names of the attention domains that start with ``prefix``, sorted."""
-        if not isinstance(prefix, str):
-            raise InvalidOption(f"prefix must be a string, got {prefix!r}")
+        if not _prefix(prefix):
+            return []
         return await self.backend.list_attention(prefix)
 
     async def delete_attention(self, domain: str) -> bool:
@@ -257,8 +265,8 @@ class Broker:
 
     async def list_topics(self, prefix: str = "") -> list[str]:
         """Names of the topics that start with ``prefix``, sorted."""
-        if not isinstance(prefix, str):
-            raise InvalidOption(f"prefix must be a string, got {prefix!r}")
+        if not _prefix(prefix):
+            return []
         return await self.backend.list_topics(prefix)
 
     # -- idempotency -----------------------------------------------------------------------
@@ -311,8 +319,8 @@ class Broker:
 
     async def list_rooms(self, prefix: str = "") -> list[str]:
         """Names of the waiting rooms that start with ``prefix``, sorted."""
-        if not isinstance(prefix, str):
-            raise InvalidOption(f"prefix must be a string, got {prefix!r}")
+        if not _prefix(prefix):
+            return []
         return await self.backend.list_rooms(prefix)
 
     async def delete_room(self, name: str) -> bool:

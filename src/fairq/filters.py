@@ -172,10 +172,10 @@ def compile_filter(policy: Mapping[str, Any] | Filter | None) -> Filter:
         raise InvalidFilter(f"a filter policy has at most {MAX_KEYS} keys, got {len(policy)}")
     alternatives: dict[str, list[Any]] = {}
     for key, raw in policy.items():
-        if not isinstance(key, str) or not 1 <= len(key) <= MAX_ATTRIBUTE_KEY:
+        if not isinstance(key, str) or not 1 <= len(key) <= MAX_ATTRIBUTE_KEY or "\x00" in key:
             raise InvalidFilter(
                 f"filter key {key!r}: attribute names are strings of 1-{MAX_ATTRIBUTE_KEY} "
-                "characters"
+                "characters, without NUL"
             )
         if key == "$or":
             raise InvalidFilter(
@@ -199,8 +199,20 @@ def compile_filter(policy: Mapping[str, Any] | Filter | None) -> Filter:
     for key, items in alternatives.items():
         condition = conditions[key] = _Condition()
         normalized[key] = [_compile_item(key, item, condition) for item in items]
+        if _holds_nul(normalized[key]):  # attributes never do, and PostgreSQL refuses it
+            raise InvalidFilter(f"filter key {key!r}: a value cannot contain NUL characters")
     # A copy through JSON, so later changes to the caller's dicts cannot reach the filter.
     return Filter(json.loads(json.dumps(normalized)), conditions)
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    return False
 
 
 def _weight(item: Any) -> int:

@@ -408,10 +408,12 @@ class IdempotencyStore:
             raise InvalidOption(f"fingerprint must be a string or None, got {fingerprint!r}")
         if holder is None:
             token = secrets.token_hex(12)
-        elif isinstance(holder, str) and 0 < len(holder) <= 300:
+        elif isinstance(holder, str) and 0 < len(holder) <= 300 and "\x00" not in holder:
             token = holder_token(holder)  # never equal to a random token
         else:
-            raise InvalidOption(f"holder must be a string of 1-300 characters, got {holder!r}")
+            raise InvalidOption(
+                f"holder must be a string of 1-300 characters (no NUL), got {holder!r}"
+            )
         record = await self.backend.claim(self.namespace, key, token, seconds, fingerprint)
         if record is None:
             return Claim(self, key, token, seconds)

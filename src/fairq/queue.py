@@ -302,8 +302,8 @@ class Queue:
 
     async def _nack(self, receipt: str, delay: float, error: str | None = None) -> None:
         delay = check_number("delay", delay)
-        if error is not None and not isinstance(error, str):
-            raise InvalidOption(f"error must be a string or None, got {error!r}")
+        if error is not None and (not isinstance(error, str) or "\x00" in error):
+            raise InvalidOption(f"error must be a string without NUL, or None, got {error!r}")
         await self._backend.nack(self.name, receipt, delay, error[:1000] if error else None)
 
     async def _extend_one(self, receipt: str, seconds: float) -> None:
@@ -325,8 +325,8 @@ class Queue:
         return await self._backend.release(self.name, list(receipts))
 
     async def _dead_letter(self, receipt: str, reason: str) -> None:
-        if not isinstance(reason, str) or not reason:
-            raise InvalidOption(f"reason must be a non-empty string, got {reason!r}")
+        if not isinstance(reason, str) or not reason or "\x00" in reason:
+            raise InvalidOption(f"reason must be a non-empty string without NUL, got {reason!r}")
         await self._backend.dead_letter(self.name, receipt, reason)
 
     # -- managing --------------------------------------------------------------------------

@@ -85,6 +85,8 @@ def check_pattern(pattern: object) -> str:
     """
     if not isinstance(pattern, str):
         raise InvalidFilter(f"a routing pattern is a str, got {type(pattern).__name__}")
+    if "\x00" in pattern:  # as in routing keys: no engine's text holds it alike
+        raise InvalidFilter(f"a routing pattern cannot contain NUL characters: {pattern!r}")
     if _byte_length(pattern) > MAX_ROUTING_KEY_BYTES:
         raise InvalidFilter(
             f"routing pattern {pattern[:40]!r}... is {_byte_length(pattern)} bytes of UTF-8, "

@@ -1018,3 +1018,31 @@ async def test_purge_removes_visible_and_leased(broker: fairq.Broker) -> None:
     assert (s.visible, s.in_flight) == (0, 0)
     with pytest.raises(fairq.LeaseLost):
         await m.ack()
+
+
+async def test_nul_characters_are_refused_alike_on_every_engine(broker: fairq.Broker) -> None:
+    """No engine's text holds NUL alike (PostgreSQL refuses it): every text fairq stores
+    refuses it before any engine sees it, and a listing prefix holding it lists nothing."""
+    q = await broker.declare_queue("nul")
+    assert await broker.list_queues("n\x00") == []
+    assert await broker.list_topics("\x00") == []
+    assert await broker.list_rooms("\x00") == []
+    assert await broker.list_attention("\x00") == []
+    t = await broker.declare_topic("nul-topic")
+    with pytest.raises(fairq.InvalidFilter, match="NUL"):
+        await t.subscribe("a", routing="order.\x00")
+    with pytest.raises(fairq.InvalidFilter, match="NUL"):
+        await t.subscribe("b", filter={"kind": ["x\x00"]})
+    with pytest.raises(fairq.InvalidFilter, match="NUL"):
+        await t.subscribe("c", filter={"ki\x00nd": "x"})
+    await q.send_batch([fairq.Outgoing(b"1"), fairq.Outgoing(b"2")])
+    first, second = await q.receive(max_messages=2)
+    with pytest.raises(fairq.InvalidOption, match="NUL"):
+        await first.dead_letter("bad\x00")
+    with pytest.raises(fairq.InvalidOption, match="NUL"):
+        await second.nack(error="Error\x00")
+    with pytest.raises(fairq.InvalidOption, match="NUL"):
+        await broker.idempotency("nul").claim("k", holder="jobs:\x00")
+    await first.ack()  # nothing was changed by the refused calls
+    await second.ack()
+    assert (await q.stats()).acked == 2

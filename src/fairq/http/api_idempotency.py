@@ -56,7 +56,8 @@ __all__ = [
 ]
 
 #: what ``claim`` hands out, to complete, release or extend the claim with
-ClaimToken = Annotated[str, Meta(min_length=1, max_length=318)]  # a holder's: 18 + 300
+# a holder's: 18 + 300 characters; never NUL (no engine's text holds it alike)
+ClaimToken = Annotated[str, Meta(min_length=1, max_length=318, pattern="^[^\x00]+$")]
 Lease = Annotated[float, Meta(gt=0, le=1e9, description="seconds")]
 Int64 = Annotated[int, Meta(ge=-(2**63), le=2**63 - 1)]
 AwareDatetime = Annotated[datetime, Meta(tz=True, description="an event time (RFC 3339)")]

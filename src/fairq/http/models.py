@@ -30,6 +30,7 @@ from msgspec import UNSET, Meta, Struct, UnsetType
 from ..attention import AttentionConfig, AttentionStats, KeyStats, TenantStats
 from ..errors import InvalidMessage
 from ..message import JSON_CONTENT_TYPE, Outgoing, Received
+from ..model.queues import MAX_COUNT_OPTION
 from ..pubsub import PublishResult, Subscription, TopicStats
 from ..queue import QueueConfig, QueueStats
 from ..waitingroom import RoomStats
@@ -66,10 +67,10 @@ class QueueOptions(Request, omit_defaults=True):
     (``dead_letter`` left out: ``<name>.dlq``; null: discard dead letters)."""
 
     visibility_timeout: PositiveSeconds | UnsetType = UNSET
-    max_attempts: Annotated[int, Meta(ge=1, le=MAX_INT)] | UnsetType | None = UNSET
+    max_attempts: Annotated[int, Meta(ge=1, le=MAX_COUNT_OPTION)] | UnsetType | None = UNSET
     dead_letter: Name | UnsetType | None = UNSET
     retention: Annotated[float, Meta(gt=0, le=1e10)] | UnsetType = UNSET
-    max_length: Annotated[int, Meta(ge=1, le=MAX_INT)] | UnsetType | None = UNSET
+    max_length: Annotated[int, Meta(ge=1, le=MAX_COUNT_OPTION)] | UnsetType | None = UNSET
     overflow: Literal["reject", "drop_oldest", "block"] | UnsetType = UNSET
     fifo: bool | UnsetType = UNSET
     max_priority: Annotated[int, Meta(ge=0, le=255)] | UnsetType = UNSET

@@ -41,6 +41,11 @@ MAX_RETENTION = 1e10  # seconds (317 years): keeps every deadline inside a 64-bi
 MAX_GROUP = 128
 
 
+#: the most max_attempts and max_length can be, on every engine (PostgreSQL keeps them in
+#: 32-bit columns; RabbitMQ's x-max-length is far larger)
+MAX_COUNT_OPTION = 2**31 - 1
+
+
 def check_count(name: str, value: object, *, minimum: int, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise InvalidOption(f"{name} must be an integer, got {value!r}")
@@ -69,7 +74,7 @@ class QueueConfig:
         """Check every option; raise ``InvalidOption``/``ConfigConflict`` naming the bad one."""
         check_number("visibility_timeout", self.visibility_timeout, strict=True)
         if self.max_attempts is not None:
-            check_count("max_attempts", self.max_attempts, minimum=1)
+            check_count("max_attempts", self.max_attempts, minimum=1, maximum=MAX_COUNT_OPTION)
         if self.dead_letter is not None:
             check_name(self.dead_letter, "dead-letter queue")
             if self.dead_letter == name:
@@ -79,7 +84,7 @@ class QueueConfig:
                 f"retention must be at most {MAX_RETENTION:g} s, got {self.retention!r}"
             )
         if self.max_length is not None:
-            check_count("max_length", self.max_length, minimum=1)
+            check_count("max_length", self.max_length, minimum=1, maximum=MAX_COUNT_OPTION)
         if self.overflow not in _OVERFLOWS:
             raise InvalidOption(
                 f"overflow must be one of {', '.join(_OVERFLOWS)}, got {self.overflow!r}"
