@@ -43,6 +43,10 @@ __all__ = [
 
 MAX_ATTRIBUTES = 32
 MAX_ATTRIBUTE_KEY = 128
+#: bytes of UTF-8 a message's attributes take at most, keys and values together: on every
+#: engine alike (RabbitMQ carries them in one frame of at most 128 KiB; the others had no
+#: bound at all, so attributes could carry 100 times max_message_bytes)
+MAX_ATTRIBUTE_BYTES = 65_536
 JSON_CONTENT_TYPE = "application/json"
 MAX_NAME = 200  # characters of a queue, topic, subscription or domain name
 _NAME = re.compile(rf"[A-Za-z0-9._:-]{{1,{MAX_NAME}}}")
@@ -120,6 +124,12 @@ def encode_attributes(attributes: Mapping[str, str] | None, json_body: bool) -> 
             if "\x00" in key or "\x00" in value:  # PostgreSQL's text and JSON refuse it
                 raise InvalidMessage(f"attribute {key!r} cannot contain NUL characters")
             attrs[key] = value
+        size = sum(len(k.encode()) + len(v.encode()) for k, v in attrs.items())
+        if size > MAX_ATTRIBUTE_BYTES:
+            raise InvalidMessage(
+                f"a message's attributes take at most {MAX_ATTRIBUTE_BYTES} bytes of UTF-8 "
+                f"(keys and values), got {size}: put large data in the body"
+            )
     else:
         raise InvalidMessage(f"attributes must be a dict of str to str, got {attributes!r}")
     if json_body and "content-type" not in attrs:

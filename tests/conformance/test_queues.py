@@ -1046,3 +1046,16 @@ async def test_nul_characters_are_refused_alike_on_every_engine(broker: fairq.Br
     await first.ack()  # nothing was changed by the refused calls
     await second.ack()
     assert (await q.stats()).acked == 2
+
+
+async def test_attributes_take_at_most_64_kib_on_every_engine(broker: fairq.Broker) -> None:
+    q = await broker.declare_queue("attrs")
+    most = {f"k{i:02d}": "v" * (2048 - 3) for i in range(32)}  # 32 x 2048 = 65,536 bytes
+    await q.send(b"x", attributes=most)
+    (m,) = await q.receive()
+    assert m.attributes == most
+    with pytest.raises(fairq.InvalidMessage, match="at most 65536 bytes"):
+        await q.send(b"x", attributes={**most, "k00": "v" * 2046})
+    with pytest.raises(fairq.InvalidMessage, match="at most 65536 bytes"):
+        await q.send_batch([fairq.Outgoing(b"ok"), fairq.Outgoing(b"x", {"a": "é" * 40_000})])
+    assert (await q.stats()).sent == 1
