@@ -125,6 +125,20 @@ def make_envelope(
     )
 
 
+def check_receive(
+    max_messages: object, visibility_timeout: float | None, wait: float
+) -> tuple[float | None, float]:
+    """Check a receive's arguments (raise ``InvalidOption``); the visibility timeout and
+    wait as numbers."""
+    if type(max_messages) is not int or not 1 <= max_messages <= 10_000:
+        check_count("max_messages", max_messages, minimum=1, maximum=10_000)
+    if visibility_timeout is not None:
+        visibility_timeout = check_number("visibility_timeout", visibility_timeout, strict=True)
+    if wait:
+        wait = check_number("wait", wait)
+    return visibility_timeout, wait
+
+
 def make_envelopes(
     messages: Iterable[Outgoing], max_bytes: int, op: str, topic: bool = False
 ) -> list[Envelope]:
@@ -250,12 +264,7 @@ class Queue:
         the queue's). With ``wait`` > 0, waits up to that long for a first message and
         returns as soon as one is there; an empty list means none came.
         """
-        if type(max_messages) is not int or not 1 <= max_messages <= 10_000:
-            check_count("max_messages", max_messages, minimum=1, maximum=10_000)
-        if visibility_timeout is not None:
-            visibility_timeout = check_number("visibility_timeout", visibility_timeout, strict=True)
-        if wait:
-            wait = check_number("wait", wait)
+        visibility_timeout, wait = check_receive(max_messages, visibility_timeout, wait)
         backend = self._backend
         if wait <= 0:
             return self._attach(await backend.receive(self.name, max_messages, visibility_timeout))

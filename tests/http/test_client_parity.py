@@ -67,6 +67,39 @@ async def client(server: Server) -> AsyncIterator[Client]:
         yield c
 
 
+async def test_a_mistake_raises_the_in_process_exception_through_the_client(
+    server: Server, client: Client
+) -> None:
+    """The same mistake raises the same exception class through ``fairq.http.Client`` as
+    in-process (the client checks what the library checks before it sends)."""
+    local_q = await server.broker.declare_queue("mistakes")
+    remote_q = client.queue("mistakes")
+    room = await server.broker.waiting_room("sale")
+    too_many = {f"k{i}": "v" for i in range(33)}
+    cases = [
+        ("an unencodable body", lambda q: q.send(object())),
+        ("an integer too big for JSON", lambda q: q.send(10**30)),
+        ("33 attributes", lambda q: q.send(b"x", attributes=too_many)),
+        ("a non-str attribute", lambda q: q.send(b"x", attributes={"a": 1})),
+        ("an empty attribute key", lambda q: q.send(b"x", attributes={"": "v"})),
+        ("an infinite delay", lambda q: q.send(b"x", delay=float("inf"))),
+        ("a NaN wait", lambda q: q.receive(wait=float("nan"))),
+        ("0 messages", lambda q: q.receive(max_messages=0)),
+        ("a malformed receipt", lambda q: q.ack_batch(["garbage"])),
+        ("a malformed receipt to extend", lambda q: q.extend_batch(["garbage"], 5)),
+    ]
+    for what, call in cases:
+        with pytest.raises(fairq.FairqError) as local:
+            await call(local_q)
+        with pytest.raises(fairq.FairqError) as remote:
+            await call(remote_q)
+        assert type(local.value) in type(remote.value).__mro__, (what, local.value, remote.value)
+    with pytest.raises(fairq.InvalidName):
+        await room.join("bad fan")
+    with pytest.raises(fairq.InvalidName):
+        await (await client.room("sale")).join("bad fan")
+
+
 async def test_release_batch_gives_deliveries_back_without_an_attempt(client: Client) -> None:
     q = await client.declare_queue("jobs", max_attempts=1)
     await q.send_batch([fairq.Outgoing(b"a"), fairq.Outgoing(b"b")])

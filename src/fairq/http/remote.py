@@ -17,10 +17,10 @@ import orjson
 
 from ..attention import AttentionConfig, AttentionStats, KeyStats, TenantStats
 from ..errors import ConnectionError, InvalidMessage, LeaseLost, QueueFull
-from ..message import Outgoing, Received, check_key
+from ..message import Outgoing, Received, check_key, parse_receipt
 from ..model.topics import Subscription, TopicConfig
 from ..pubsub import PublishResult, TopicStats, next_within
-from ..queue import QueueConfig, QueueStats
+from ..queue import QueueConfig, QueueStats, check_receive, make_envelopes
 from .errors import RemoteError, exception_from
 
 if TYPE_CHECKING:
@@ -42,6 +42,25 @@ def _message_json(body: object) -> dict[str, Any]:
     if isinstance(body, str):
         return {"body": body, "encoding": "text"}
     return {"body": body}
+
+
+#: the remote client leaves the body's size to the server (its max_message_bytes)
+_ANY_SIZE = 2**62
+
+
+def _items(messages: Iterable[Outgoing], op: str, topic: bool = False) -> list[dict[str, Any]]:
+    """The JSON of a batch, checked first by the library's own rules, so a bad message
+    raises here what it raises in-process (``InvalidMessage``, ``InvalidOption``)."""
+    batch = list(messages)
+    make_envelopes(batch, _ANY_SIZE, op, topic)
+    return [_outgoing(m, topic) for m in batch]
+
+
+def _receipts(receipts: Sequence[str]) -> list[str]:
+    """Receipts checked as in-process (``InvalidMessage`` for a malformed one)."""
+    for r in receipts:
+        parse_receipt(r)
+    return list(receipts)
 
 
 def _outgoing(m: Outgoing, topic: bool = False) -> dict[str, Any]:
@@ -211,7 +230,7 @@ class RemoteQueue(_RemoteHandle):
     ) -> list[str]:
         """Store all messages or none; their ids in order. With ``idempotency_key`` a retry
         of the same batch gets the first answer back and stores nothing again."""
-        items = [_outgoing(m) for m in messages]
+        items = _items(messages, "send_batch")
         if not items:
             return []
         data = await _sending(
@@ -227,6 +246,7 @@ class RemoteQueue(_RemoteHandle):
         self, max_messages: int = 1, visibility_timeout: float | None = None, wait: float = 0.0
     ) -> list[Received]:
         """Lease up to ``max_messages``; ``wait`` long-polls."""
+        visibility_timeout, wait = check_receive(max_messages, visibility_timeout, wait)
         body = {
             "max_messages": max_messages,
             "visibility_timeout": visibility_timeout,
@@ -239,7 +259,7 @@ class RemoteQueue(_RemoteHandle):
         """Ack many deliveries; ``LeaseLost`` lists the lost ones after the others are acked."""
         if not receipts:
             return
-        data = await self._post("ack", {"receipts": list(receipts)})
+        data = await self._post("ack", {"receipts": _receipts(receipts)})
         if data["lost"]:
             raise LeaseLost(data["lost"])
 
@@ -248,12 +268,12 @@ class RemoteQueue(_RemoteHandle):
         started); the receipts whose lease was gone."""
         if not receipts:
             return []
-        data = await self._post("release", {"receipts": list(receipts)})
+        data = await self._post("release", {"receipts": _receipts(receipts)})
         return list(data["lost"])
 
     async def extend_batch(self, receipts: Sequence[str], seconds: float) -> list[str]:
         """Extend leases; the receipts whose lease was gone."""
-        data = await self._post("extend", {"receipts": list(receipts), "seconds": seconds})
+        data = await self._post("extend", {"receipts": _receipts(receipts), "seconds": seconds})
         return list(data["lost"])
 
     async def stats(self) -> QueueStats:
@@ -351,7 +371,7 @@ class RemoteTopic(_RemoteHandle):
     ) -> list[PublishResult]:
         """Publish many messages in one atomic step (``idempotency_key``: as for
         :meth:`RemoteQueue.send_batch`)."""
-        items = [_outgoing(m, topic=True) for m in messages]
+        items = _items(messages, "publish_batch", topic=True)
         if not items:
             return []
         data = await _sending(
@@ -533,7 +553,7 @@ class RemoteAttention(_RemoteHandle):
         self, key: str, messages: list[Outgoing], timeout: float | None = None
     ) -> list[str]:
         """Publish many work messages for one key in one atomic step."""
-        items = [_outgoing(m) for m in messages]
+        items = _items(messages, "publish_batch")
         if not items:
             return []
         data = await _sending(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..message import check_key
 from ..waitingroom import RoomPhase, RoomStats, Status, Ticket
 from .remote import _RemoteHandle, dataclass_from
 
@@ -30,6 +31,7 @@ class RemoteRoom(_RemoteHandle):
 
     async def join(self, fan_id: str) -> Ticket:
         """Put a fan in line; joining again with the same fan id keeps the first ticket."""
+        check_key(fan_id, "fan id")  # InvalidName, as in-process
         data = await self._client.request("POST", f"{self._path}/join", {"fan": fan_id})
         ticket: Ticket = dataclass_from(Ticket, data)
         return ticket
