@@ -372,3 +372,17 @@ async def test_stats_through_a_server_ask_once_per_queue_or_once_for_all(server:
         asked.clear()
         await stats_table(c, ["a", "b"], width=200)
         assert asked == ["/v1/queues/a", "/v1/queues/b", "/v1/queues/graves"]
+
+
+async def test_queues_named_dot_and_dot_dot_work_through_the_client(client: Client) -> None:
+    """``.`` and ``..`` are valid names (SPEC §2); HTTP clients resolve such path segments
+    away, so the client percent-encodes them and reaches the queue, not another route."""
+    for name in (".", ".."):
+        q = await client.declare_queue(name)
+        await q.send(name.encode())
+        assert (await q.stats()).visible == 1
+        assert [m.body for m in await client.queue(name).peek()] == [name.encode()]
+        (m,) = await q.receive()
+        await m.ack()
+        assert (await q.stats()).acked == 1
+    assert {".", ".."} <= set(await client.list_queues())
