@@ -170,3 +170,19 @@ async def test_a_remote_listeners_get() -> None:
         await listener.close()
         assert await listener.get(timeout=1) is None, "closed: iteration has ended"
     await broker.close()
+
+
+async def test_a_remote_listener_hears_what_is_published_once_entered() -> None:
+    """As in-process: inside ``async with topic.listen()`` the listener is registered, so a
+    publish made before the first ``get`` is heard (the stream used to open at that get)."""
+    broker = await fairq.connect("memory://")
+    async with uvicorn_serving(create_app(broker)) as url, Client(url) as client:
+        t = await client.declare_topic("news")
+        async with t.listen() as listener:
+            await t.publish_batch([fairq.Outgoing(f"{i}") for i in range(3)])
+            got = [await listener.get(timeout=5) for _ in range(3)]
+            assert [m.body for m in got if m is not None] == [b"0", b"1", b"2"]
+        with pytest.raises(fairq.TopicNotFound):
+            async with client.topic("nope").listen():
+                pass
+    await broker.close()

@@ -414,7 +414,11 @@ class RemoteTopic(_RemoteHandle):
 
 class RemoteListener:
     """``async for msg in topic.listen(): ...`` over Server-Sent Events. ``dropped``
-    counts what the server's buffer lost while this listener was slow."""
+    counts what the server's buffer lost while this listener was slow.
+
+    ``async with topic.listen() as listener:`` returns once the server listens, so what is
+    published after that is heard, as in-process; without it the stream opens at the first
+    ``get`` or iteration (:meth:`start` opens it earlier)."""
 
     def __init__(self, client: Client, path: str, params: dict[str, Any]) -> None:
         self._client = client
@@ -430,6 +434,25 @@ class RemoteListener:
         )
         self._reader: asyncio.Task[None] | None = None
         self._ended: BaseException | None = None
+        self._listening = asyncio.Event()  # the server said it listens (": listening")
+
+    async def start(self) -> None:
+        """Open the stream and return once the server listens; raise what refused it
+        (``TopicNotFound``, ``ConnectionError`` ...)."""
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read(), name=f"fairq-listen:{self._path}")
+        if not self._listening.is_set() and not self._reader.done():
+            listening = asyncio.ensure_future(self._listening.wait())
+            try:
+                await asyncio.wait({listening, self._reader}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                listening.cancel()
+        if not self._listening.is_set() and not self._buffer.empty():
+            item = self._buffer.get_nowait()  # the reader ended before the server listened
+            if isinstance(item, BaseException):
+                self._ended = item
+                raise item
+            self._buffer.put_nowait(item)
 
     def __aiter__(self) -> RemoteListener:
         return self
@@ -489,6 +512,8 @@ class RemoteListener:
         event, data_lines = "message", list[str]()
         async for line in response.aiter_lines():
             if line.startswith(":"):
+                if line.startswith(": listening"):
+                    self._listening.set()
                 continue
             if not line:
                 if data_lines:
@@ -517,6 +542,7 @@ class RemoteListener:
             await self._response.aclose()
 
     async def __aenter__(self) -> RemoteListener:
+        await self.start()
         return self
 
     async def __aexit__(self, *exc: object) -> None:
