@@ -88,6 +88,7 @@ class RemoteClaim(KeptAlive):
         the store's ttl; :class:`fairq.ClaimLost` if another claimer took the key."""
         if self._settled is not None:
             raise ClaimLost(self.key, f"this claim of {self.key!r} was already {self._settled}")
+        encode_result(result)  # InvalidMessage here, as in-process, for what cannot be kept
         self.stop_keeping()
         body: dict[str, Any] = {"ttl": self.store.ttl}
         if isinstance(result, bytes | bytearray | memoryview):

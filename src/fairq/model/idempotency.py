@@ -12,6 +12,7 @@ from typing import Any, Literal
 import orjson
 
 from ..errors import InvalidMessage, InvalidOption
+from ..message import check_finite
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -74,12 +75,14 @@ def encode_result(result: object) -> bytes | None:
     if isinstance(result, bytes | bytearray | memoryview):
         return _BYTES + bytes(result)
     try:
-        return _JSON + orjson.dumps(result)
+        data = orjson.dumps(result)
     except TypeError as exc:
         raise InvalidMessage(
             f"cannot store a result of type {type(result).__name__}: use bytes or a "
             f"JSON-serialisable value ({exc})"
         ) from exc
+    check_finite(result, data, "a result")
+    return _JSON + data
 
 
 def decode_result(raw: bytes | None) -> Any:
