@@ -84,8 +84,13 @@ PROTOCOL_ERRORS: dict[str, int] = {
     "not_found": 404,  # no such route, or a subscription/key that is not there
     "method_not_allowed": 405,
     "body_too_large": 413,
-    "unsupported_media_type": 415,
     "validation_error": 422,  # the JSON does not fit the operation's schema
+    # the Idempotency-Key header (http/middleware.py): malformed; reused on another
+    # request; its first request still running
+    "idempotency_key_invalid": 400,
+    "idempotency_key_reused": 422,
+    "idempotency_key_in_use": 409,
+    "client_gone": 499,  # the client closed a waiting request (nobody reads the answer)
     "server_busy": 503,  # too many streams, long polls and blocked sends at once
     "shutting_down": 503,  # a long poll or blocked send when the server began to stop
     "room_secret_missing": 503,  # a room made with secret= this server was not given
