@@ -101,6 +101,9 @@ async def test_status_errors(fans: Callable[[], httpx.AsyncClient]) -> None:
         assert r.status_code == 404, path
     r = await fan.post("/rooms/nope/join")
     assert (r.status_code, r.json()["error"]) == (404, "room_not_found")
+    for path in ("/rooms/%00", "/rooms/" + "r" * 300, "/rooms/bad%20name/status?ticket=x"):
+        r = await fan.get(path)
+        assert (r.status_code, r.json()["error"]) == (400, "invalid_name"), path
 
 
 async def test_refresh_is_longer_far_back(

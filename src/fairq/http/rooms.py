@@ -23,7 +23,8 @@ Routes (``{room}`` is a room's name):
   JavaScript too (a form and a meta refresh).
 
 Every answer is ``Cache-Control: no-store`` except the JWKS. Errors are JSON ``{"error",
-"detail"}``: ``404`` no such room, ``400`` a ticket the room never issued, ``429`` too many
+"detail"}``: ``404`` no such room, ``400`` a ticket the room never issued or a name that
+cannot be a room's or a fan's (``invalid_name``), ``429`` too many
 joins, ``403`` a failed challenge, ``503`` the backend failed, or the room was made with a
 ``secret=`` these routes were not given (``room_secret_missing``).
 """
@@ -340,8 +341,8 @@ def rooms_routes(
             return _error(404, "room_not_found", str(exc))
         except InvalidTicket as exc:
             return _error(400, "invalid_ticket", str(exc))
-        except InvalidName as exc:
-            return _error(404, "room_not_found", str(exc))
+        except InvalidName as exc:  # a room name or fan id that cannot be: 400, as under /v1
+            return _error(400, "invalid_name", str(exc))
         except BackendError as exc:
             log.error("%s %s failed: %s", request.method, request.url.path, exc)
             return _error(503, "backend_error", str(exc), {"Retry-After": "1"})
