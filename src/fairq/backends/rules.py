@@ -14,6 +14,7 @@ from ..model.queues import Envelope
 from ..model.topics import PublishResult, Subscription, SubscriptionIndex
 
 __all__ = [
+    "ROUTING_KEY",
     "CopyPlan",
     "DedupPlan",
     "check_priorities",
@@ -23,6 +24,9 @@ __all__ = [
     "publish_results",
     "redrive_attributes",
 ]
+
+#: the attribute a topic copy carries its routing key in
+ROUTING_KEY = "fairq.routing_key"
 
 
 def dead_letter_attributes(
@@ -130,9 +134,9 @@ def publish_plan(
         attrs = env.attributes
         if key:
             if attrs:
-                attrs = {**attrs, "fairq.routing_key": key}
+                attrs = {**attrs, ROUTING_KEY: key}
             else:
-                attrs = key_attrs.get(key) or key_attrs.setdefault(key, {"fairq.routing_key": key})
+                attrs = key_attrs.get(key) or key_attrs.setdefault(key, {ROUTING_KEY: key})
         copies.append(Envelope(env.body, attrs, env.delay))
         for name in names:
             queue = subscriptions[name].queue

@@ -13,7 +13,7 @@ from ...errors import LeaseLost, QueueFull, QueueNotFound
 from ...message import Received, id_time, make_receipt, parse_id, parse_receipt
 from ...model.queues import QueueConfig
 from .. import heaps
-from ..rules import dead_letter_attributes
+from ..rules import ROUTING_KEY, dead_letter_attributes
 from . import topology
 from .core import AmqpCore
 from .feeds import Delivered, Feed, Lease
@@ -115,6 +115,11 @@ class AmqpLeases(AmqpCore):
         queue = feed.queue if queue is None else queue
         props = delivered.header.properties
         headers = dict(props.headers or {})
+        exchange, key = delivered.delivery.exchange, delivered.delivery.routing_key
+        if exchange and "/" not in exchange and key and ROUTING_KEY not in headers:
+            # published to a topic's exchange by another AMQP client (fairq's own copies go
+            # through the default exchange): its routing key is the attribute fairq's carry
+            headers[ROUTING_KEY] = key
         prior = int(headers.get(PRIOR, 0))
         if "x-delivery-count" in headers:  # a quorum queue counts every return
             returned = int(headers["x-delivery-count"])
