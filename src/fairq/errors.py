@@ -142,8 +142,13 @@ class InvalidToken(FairqError, ValueError):
     altered), signed with another key, for another room, expired, or already used."""
 
 
+#: the detail of a ``QueueFull`` for a batch that no wait would let in (every engine's)
+BATCH_LARGER = "the batch is larger than max_length"
+
+
 class QueueFull(FairqError):
-    """A bounded queue (``max_length``) refused a send; nothing was stored."""
+    """A bounded queue (``max_length``) refused a send; nothing was stored.
+    ``never_fits``: the batch is larger than ``max_length`` (retrying cannot help)."""
 
     def __init__(
         self, name: str, max_length: int, detail: str = "", overflow: str = "reject"
@@ -153,6 +158,11 @@ class QueueFull(FairqError):
         self.name = name
         self.max_length = max_length
         self.overflow = overflow
+        self.detail = detail
+
+    @property
+    def never_fits(self) -> bool:
+        return self.detail == BATCH_LARGER
 
 
 class LeaseLost(FairqError):

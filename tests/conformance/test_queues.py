@@ -1059,3 +1059,23 @@ async def test_attributes_take_at_most_64_kib_on_every_engine(broker: fairq.Brok
     with pytest.raises(fairq.InvalidMessage, match="at most 65536 bytes"):
         await q.send_batch([fairq.Outgoing(b"ok"), fairq.Outgoing(b"x", {"a": "é" * 40_000})])
     assert (await q.stats()).sent == 1
+
+
+@pytest.mark.parametrize("overflow", ["reject", "block", "drop_oldest"])
+async def test_a_batch_larger_than_max_length_never_fits(
+    broker: fairq.Broker, backend_name: str, overflow: str
+) -> None:
+    """Whatever the overflow, a batch larger than ``max_length`` is refused whole at once
+    and says it can never fit (over HTTP: 422, not 429 "retry later")."""
+    if overflow == "block" and backend_name == "amqp":
+        pytest.skip("overflow='block' is Unsupported on RabbitMQ")
+    q = await broker.declare_queue(f"tight-{overflow}", max_length=2, overflow=overflow)
+    with pytest.raises(fairq.QueueFull) as caught:
+        await q.send_batch([fairq.Outgoing(f"{i}") for i in range(3)], timeout=0.1)
+    assert caught.value.never_fits and caught.value.max_length == 2
+    assert (await q.stats()).sent == 0
+    await q.send_batch([fairq.Outgoing(b"a"), fairq.Outgoing(b"b")])
+    if overflow == "reject":
+        with pytest.raises(fairq.QueueFull) as full:
+            await q.send(b"c")
+        assert not full.value.never_fits  # a full queue: later, it may fit

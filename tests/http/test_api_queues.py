@@ -240,3 +240,14 @@ async def test_default_body_limit_takes_a_whole_batch_of_base64_bodies(server: S
     )
     assert r.status_code == 413
     assert "the server's --max-body" in r.json()["detail"]
+
+
+async def test_a_batch_that_never_fits_is_422_not_retry_later(api: httpx.AsyncClient) -> None:
+    await api.put("/v1/queues/blk", json={"max_length": 1, "overflow": "block"})
+    r = await api.post("/v1/queues/blk/messages", json=send_body("b", "c"))
+    assert (r.status_code, r.json()["error"]) == (422, "queue_full")
+    assert "Retry-After" not in r.headers and "larger than max_length" in r.json()["detail"]
+    await api.put("/v1/queues/rej", json={"max_length": 1})
+    await api.post("/v1/queues/rej/messages", json=send_body("a"))
+    r = await api.post("/v1/queues/rej/messages", json=send_body("b"))
+    assert (r.status_code, r.json()["error"], r.headers["Retry-After"]) == (429, "queue_full", "1")

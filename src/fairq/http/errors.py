@@ -109,7 +109,10 @@ class ApiError(Exception):
 
 def error_for(exc: BaseException) -> ErrorCode:
     """The status and code of ``exc``: its nearest class in :data:`ERRORS` other than the
-    root ``FairqError`` (500 ``internal``, the last resort)."""
+    root ``FairqError`` (500 ``internal``, the last resort). A batch larger than a bounded
+    queue is 422 ``queue_full``: no retry lets it in (a full queue is 429, retry later)."""
+    if isinstance(exc, e.QueueFull) and exc.never_fits:
+        return ErrorCode(422, "queue_full")
     for cls in type(exc).__mro__:
         if cls is e.FairqError:
             continue

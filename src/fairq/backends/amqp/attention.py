@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 
 from ...errors import (
+    BATCH_LARGER,
     AttentionNotFound,
     ConnectionError,
     FairqError,
@@ -228,7 +229,7 @@ class AmqpAttention(AmqpTopics):
         fresh, claimed, answer = await self._dedup(scope, config.dedup_window, envelopes, ids)
         if config.max_length is not None and len(fresh) > config.max_length:
             await self._undedup(scope, claimed)
-            raise QueueFull(queue, config.max_length, "the batch is larger than max_length")
+            raise QueueFull(queue, config.max_length, BATCH_LARGER)
         now = self.clock.now()
         tickets = [ticket(now + envelopes[i].delay, envelopes[i].delay) for i in fresh]
         try:  # the tickets and the signal first: a crash after this leaves no work unsignalled

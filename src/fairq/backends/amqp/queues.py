@@ -27,7 +27,14 @@ import contextlib
 import time
 from typing import Any
 
-from ...errors import ConfigConflict, InvalidName, QueueFull, QueueNotFound, Unsupported
+from ...errors import (
+    BATCH_LARGER,
+    ConfigConflict,
+    InvalidName,
+    QueueFull,
+    QueueNotFound,
+    Unsupported,
+)
 from ...message import Received, id_time, parse_id
 from ...model.queues import QUEUE_COUNTERS, Envelope, QueueConfig, QueueStats
 from ..rules import check_priorities, plan_dedup, redrive_attributes
@@ -237,7 +244,7 @@ class AmqpQueues(AmqpLeases):
         )
         if config.max_length is not None and len(fresh) > config.max_length:
             await self._undedup(f"queue:{queue}", claimed)
-            raise QueueFull(queue, config.max_length, "the batch is larger than max_length")
+            raise QueueFull(queue, config.max_length, BATCH_LARGER)
         try:
             await self._store_copies(
                 queue, config, [envelopes[i] for i in fresh], [ids[i] for i in fresh]

@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-from ...errors import ConfigConflict, QueueFull, QueueNotFound, TopicNotFound
+from ...errors import BATCH_LARGER, ConfigConflict, QueueFull, QueueNotFound, TopicNotFound
 from ...message import parse_id
 from ...model.queues import Envelope, QueueConfig
 from ...model.topics import PublishResult, Subscription, SubscriptionIndex, TopicConfig, TopicStats
@@ -178,7 +178,7 @@ class AmqpTopics(AmqpQueues):
             for queue, got in copies.per_queue.items():  # a bounded one it cannot fit: none
                 bound = await self._config(queue)
                 if bound.max_length is not None and len(got) > bound.max_length:
-                    raise QueueFull(queue, bound.max_length, "the batch is larger than max_length")
+                    raise QueueFull(queue, bound.max_length, BATCH_LARGER)
             reached, refused = await self._fan_out(
                 topic, subs, copies.copies, copies.matched, fresh_ids
             )

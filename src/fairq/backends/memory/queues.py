@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from ...clock import Clock
 from ...errors import (
+    BATCH_LARGER,
     BackendError,
     LeaseLost,
     QueueFull,
@@ -322,7 +323,7 @@ class MemoryQueues(Backend):
         fresh = plan.fresh
         if cfg.max_length is not None and fresh:
             if len(fresh) > cfg.max_length:
-                raise QueueFull(q.name, cfg.max_length, "the batch is larger than max_length")
+                raise QueueFull(q.name, cfg.max_length, BATCH_LARGER)
             need = len(q.msgs) + len(fresh) - cfg.max_length
             if need > 0:
                 if cfg.overflow != "drop_oldest":

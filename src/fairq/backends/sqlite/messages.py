@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import orjson
 
-from ...errors import QueueFull
+from ...errors import BATCH_LARGER, QueueFull
 from ...message import (
     INT64_END,
     Received,
@@ -597,7 +597,7 @@ def make_room(t: Txn, q: QueueRow, n: int) -> None:
     if not n or cfg.max_length is None:
         return
     if n > cfg.max_length:
-        raise QueueFull(q.name, cfg.max_length, "the batch is larger than max_length")
+        raise QueueFull(q.name, cfg.max_length, BATCH_LARGER)
     settle(t)
     t.fold(q.id)
     t.flush()
