@@ -14,6 +14,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -111,20 +112,25 @@ async def test_a_taken_port_is_one_clear_error(tmp_path: Path) -> None:
             fairq.Worker(metrics_port=bad)  # type: ignore[arg-type]
 
 
+def _reading(**given: Any) -> Reading:
+    """A reading of a worker with one queue ``a``, ``given`` fields replaced."""
+    fields: dict[str, Any] = {
+        "queues": {"a": QueueRun()},
+        "running": {"a": 2},
+        "concurrency": {"a": 4},
+        "slots": 4,
+        "acked": 0,
+        "released": 0,
+        "lease_lost": 0,
+        "backend_down": None,
+        "stopping": False,
+    }
+    return Reading(**{**fields, **given})
+
+
 def test_health_is_503_while_the_engine_is_away_or_the_worker_stops() -> None:
-    base = dict(
-        queues={"a": QueueRun()},
-        running={"a": 2},
-        concurrency={"a": 4},
-        slots=4,
-        acked=0,
-        released=0,
-        lease_lost=0,
-        backend_down=None,
-        stopping=False,
-    )
-    assert health(Reading(**base)) == (200, {"status": "ok", "running": 2})  # type: ignore[arg-type]
-    away = Reading(**{**base, "backend_down": 12.34})  # type: ignore[arg-type]
+    assert health(_reading()) == (200, {"status": "ok", "running": 2})
+    away = _reading(backend_down=12.34)
     assert health(away) == (
         503,
         {"status": "backend_unreachable", "down_seconds": 12.3, "running": 2},
@@ -132,7 +138,7 @@ def test_health_is_503_while_the_engine_is_away_or_the_worker_stops() -> None:
     page = render(away)
     assert _sample(page, "fairq_worker_backend_up") == 0
     assert _sample(page, "fairq_worker_backend_down_seconds") == 12.34
-    stopping = Reading(**{**base, "stopping": True})  # type: ignore[arg-type]
+    stopping = _reading(stopping=True)
     assert health(stopping)[0] == 503 and health(stopping)[1]["status"] == "stopping"
 
 
@@ -141,19 +147,7 @@ def test_the_histogram_is_cumulative_and_labels_are_escaped() -> None:
     for s in (0.001, 0.005, 0.007, 2.0, 1000.0):
         times.observe(s)
     run = QueueRun(received=5, ok=5, times=times)
-    page = render(
-        Reading(
-            queues={'we"ird\\q': run},
-            running={},
-            concurrency={},
-            slots=1,
-            acked=5,
-            released=0,
-            lease_lost=0,
-            backend_down=None,
-            stopping=False,
-        )
-    )
+    page = render(_reading(queues={'we"ird\\q': run}, running={}, concurrency={}))
     label = 'we\\"ird\\\\q'
     buckets = [
         _sample(page, "fairq_worker_handler_seconds_bucket", queue=label, le=str(b))
