@@ -162,7 +162,7 @@ class QueueFull(FairqError):
 
     @property
     def never_fits(self) -> bool:
-        return self.detail == BATCH_LARGER
+        return getattr(self, "detail", "") == BATCH_LARGER
 
 
 class LeaseLost(FairqError):

@@ -12,10 +12,11 @@ import asyncio
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeVar
 
-from .errors import InvalidMessage, InvalidOption, QueueFull
+from .errors import InvalidMessage, QueueFull
 from .message import (
     Outgoing,
     Received,
+    check_detail,
     check_name,
     check_number,
     encode_attributes,
@@ -311,9 +312,9 @@ class Queue:
 
     async def _nack(self, receipt: str, delay: float, error: str | None = None) -> None:
         delay = check_number("delay", delay)
-        if error is not None and (not isinstance(error, str) or "\x00" in error):
-            raise InvalidOption(f"error must be a string without NUL, or None, got {error!r}")
-        await self._backend.nack(self.name, receipt, delay, error[:1000] if error else None)
+        if error is not None:
+            error = check_detail("error", error)
+        await self._backend.nack(self.name, receipt, delay, error)
 
     async def _extend_one(self, receipt: str, seconds: float) -> None:
         seconds = check_number("seconds", seconds, strict=True)
@@ -334,9 +335,7 @@ class Queue:
         return await self._backend.release(self.name, list(receipts))
 
     async def _dead_letter(self, receipt: str, reason: str) -> None:
-        if not isinstance(reason, str) or not reason or "\x00" in reason:
-            raise InvalidOption(f"reason must be a non-empty string without NUL, got {reason!r}")
-        await self._backend.dead_letter(self.name, receipt, reason)
+        await self._backend.dead_letter(self.name, receipt, check_detail("reason", reason))
 
     # -- managing --------------------------------------------------------------------------
     async def stats(self) -> QueueStats:

@@ -6,6 +6,7 @@ tasks, threads and processes; leases that expire; completed keys kept for the tt
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import random
 import subprocess
 import sys
@@ -687,19 +688,25 @@ def test_idempotent_by_checks_its_arguments() -> None:
         fairq.IdempotentBy(lambda m: m.id, ttl=0)
 
 
-async def test_a_result_or_body_with_nan_is_refused_not_changed(broker: fairq.Broker) -> None:
-    """JSON has no NaN or infinity: such a result or body is refused (orjson wrote null,
-    so it came back as None without a word)."""
+@dataclasses.dataclass
+class Point:
+    x: float
+
+
+async def test_a_result_with_nan_is_refused_not_changed(broker: fairq.Broker) -> None:
+    """JSON has no NaN or infinity: such a result is refused (orjson wrote null, so it came
+    back as None without a word). A message body is not walked for them (the send path's
+    cost): there they become null, as documented."""
     store = broker.idempotency("finite", ttl=100)
     claim = await store.claim("k")
     assert claim is not None
-    for bad in (float("nan"), {"total": float("inf")}, [1.0, -float("inf")]):
+    for bad in (float("nan"), {"total": float("inf")}, [1.0, -float("inf")], Point(float("nan"))):
         with pytest.raises(fairq.InvalidMessage, match="NaN or infinite"):
             await claim.complete(bad)
     await claim.complete({"total": None, "n": 1.5})  # a null of its own is fine
     record = await store.get("k")
     assert record is not None and record.result == {"total": None, "n": 1.5}
     q = await broker.declare_queue("finite")
-    with pytest.raises(fairq.InvalidMessage, match="NaN or infinite"):
-        await q.send({"price": float("nan")})
-    assert (await q.stats()).sent == 0
+    await q.send({"price": float("nan")})
+    (m,) = await q.receive()
+    assert m.json() == {"price": None}

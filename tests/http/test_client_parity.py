@@ -186,3 +186,15 @@ async def test_a_remote_listener_hears_what_is_published_once_entered() -> None:
             async with client.topic("nope").listen():
                 pass
     await broker.close()
+
+
+async def test_a_topic_named_dot_streams_through_the_client() -> None:
+    broker = await fairq.connect("memory://")
+    async with uvicorn_serving(create_app(broker)) as url, Client(url) as client:
+        for name in (".", ".."):
+            t = await client.declare_topic(name)
+            async with t.listen() as listener:
+                await t.publish(name.encode())
+                got = await listener.get(timeout=5)
+                assert got is not None and got.body == name.encode()
+    await broker.close()

@@ -35,7 +35,8 @@ def _sample(text: str, name: str, **labels: str) -> float:
 async def test_a_running_worker_serves_its_numbers(tmp_path: Path) -> None:
     async with await fairq.connect(f"sqlite:///{tmp_path / 'm.db'}") as broker:
         q = await broker.declare_queue("orders", max_attempts=1, dead_letter=None)
-        await q.send_batch([fairq.Outgoing(b) for b in (b"ok", b"ok", b"boom", b"reject")])
+        bodies = (b"ok", b"ok", b"boom", b"reject", b"self")
+        await q.send_batch([fairq.Outgoing(b) for b in bodies])
         worker = fairq.Worker(broker, concurrency=3, handle_signals=False, metrics_port=0)
 
         @worker.queue("orders", concurrency=2)
@@ -44,6 +45,8 @@ async def test_a_running_worker_serves_its_numbers(tmp_path: Path) -> None:
                 raise ValueError("boom")
             if msg.body == b"reject":
                 raise fairq.Reject("bad")
+            if msg.body == b"self":  # settled here: the worker's own ack finds no lease
+                await msg.ack()
             await asyncio.sleep(0.02)
 
         task = asyncio.create_task(worker.run())
@@ -57,7 +60,7 @@ async def test_a_running_worker_serves_its_numbers(tmp_path: Path) -> None:
                 deadline = time.monotonic() + 10
                 while True:
                     page = (await http.get("/metrics")).text
-                    if _sample(page, "fairq_worker_acked_total") == 2:
+                    if _sample(page, "fairq_worker_ack_failed_total") == 1:
                         break
                     assert time.monotonic() < deadline, page
                     await asyncio.sleep(0.02)
@@ -65,13 +68,16 @@ async def test_a_running_worker_serves_its_numbers(tmp_path: Path) -> None:
                 assert r.status_code == 200
                 assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
                 page = r.text
-                assert _sample(page, "fairq_worker_received_total", queue="orders") == 4
-                for outcome, n in (("ok", 2), ("failed", 1), ("rejected", 1), ("duplicate", 0)):
+                assert _sample(page, "fairq_worker_received_total", queue="orders") == 5
+                # every ack sent counts, the one the engine did not take too (never down)
+                assert _sample(page, "fairq_worker_acks_total") == 3
+                assert _sample(page, "fairq_worker_lease_lost_total") == 1
+                for outcome, n in (("ok", 3), ("failed", 1), ("rejected", 1), ("duplicate", 0)):
                     got = _sample(
                         page, "fairq_worker_handled_total", queue="orders", outcome=outcome
                     )
                     assert got == n, outcome
-                assert _sample(page, "fairq_worker_handler_seconds_count", queue="orders") == 4
+                assert _sample(page, "fairq_worker_handler_seconds_count", queue="orders") == 5
                 assert _sample(page, "fairq_worker_handler_seconds_sum", queue="orders") >= 0.04
                 inf = _sample(
                     page, "fairq_worker_handler_seconds_bucket", queue="orders", le="+Inf"
@@ -79,7 +85,7 @@ async def test_a_running_worker_serves_its_numbers(tmp_path: Path) -> None:
                 fast = _sample(
                     page, "fairq_worker_handler_seconds_bucket", queue="orders", le="0.01"
                 )
-                assert inf == 4 and fast == 2  # the two that raised at once
+                assert inf == 5 and fast == 2  # the two that raised at once
                 assert _sample(page, "fairq_worker_concurrency", queue="orders") == 2
                 assert _sample(page, "fairq_worker_running", queue="orders") == 0
                 assert _sample(page, "fairq_worker_slots") == 3
@@ -120,6 +126,7 @@ def _reading(**given: Any) -> Reading:
         "concurrency": {"a": 4},
         "slots": 4,
         "acked": 0,
+        "ack_failed": 0,
         "released": 0,
         "lease_lost": 0,
         "backend_down": None,
@@ -191,7 +198,7 @@ def test_fairq_worker_serves_them_from_the_command_line(tmp_path: Path) -> None:
             assert proc.poll() is None, proc.communicate()[0].decode()
             try:
                 page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
-                if _sample(page, "fairq_worker_acked_total") == 1:
+                if _sample(page, "fairq_worker_acks_total") == 1:
                     break
             except (httpx.TransportError, AssertionError):
                 pass
@@ -204,3 +211,21 @@ def test_fairq_worker_serves_them_from_the_command_line(tmp_path: Path) -> None:
         out = proc.communicate(timeout=30)[0].decode()
     assert proc.returncode == 0, out
     assert f"worker metrics on http://127.0.0.1:{port}/metrics" in out
+
+
+async def test_an_idle_metrics_connection_ends_with_the_worker(tmp_path: Path) -> None:
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'i.db'}") as broker:
+        await broker.declare_queue("orders")
+        worker = fairq.Worker(broker, handle_signals=False, metrics_port=0, poll_wait=0.2)
+        worker.queue("orders")(lambda msg: None)
+        task = asyncio.create_task(worker.run())
+        deadline = time.monotonic() + 10
+        while worker.metrics_address is None:
+            assert time.monotonic() < deadline and not task.done()
+            await asyncio.sleep(0.02)
+        host, port = worker.metrics_address
+        reader, writer = await asyncio.open_connection(host, port)  # says nothing
+        worker.stop()
+        await asyncio.wait_for(task, 5)
+        assert await asyncio.wait_for(reader.read(), 5) == b""  # closed by the worker
+        writer.close()

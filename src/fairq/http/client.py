@@ -38,23 +38,13 @@ from ..clock import Clock, SystemClock
 from ..errors import ConnectionError
 from ..queue import QueueConfig, QueueStats
 from .errors import RemoteError, exception_from
-from .remote import RemoteAttention, RemoteQueue, RemoteTopic, dataclass_from
+from .remote import RemoteAttention, RemoteQueue, RemoteTopic, dataclass_from, dots_kept
 from .remote_idempotency import RemoteIdempotencyStore, RemoteVersionGate
 from .remote_rooms import RemoteRoom
 
 __all__ = ["DEFAULT_SERVER", "Client"]
 
 DEFAULT_SERVER = "http://127.0.0.1:8040"
-
-
-def _dots_kept(path: str) -> str:
-    """``path`` with its segments ``.`` and ``..`` (valid names: a queue called ``.``)
-    percent-encoded, which HTTP clients would otherwise resolve away, reaching another
-    route (the server decodes them back into the name)."""
-    if "/." not in path:
-        return path
-    parts = path.split("/")
-    return "/".join(p.replace(".", "%2E") if p in (".", "..") else p for p in parts)
 
 
 class Client:
@@ -109,7 +99,7 @@ class Client:
     ) -> Any:
         """One API call; the decoded JSON answer (None for 204), or the mapped error."""
         content = orjson.dumps(json) if json is not None else None
-        path = _dots_kept(path)
+        path = dots_kept(path)
         sent = dict(headers or {})
         if content is not None:
             sent["Content-Type"] = "application/json"

@@ -33,7 +33,18 @@ __all__ = [
     "RemoteReceived",
     "RemoteTopic",
     "dataclass_from",
+    "dots_kept",
 ]
+
+
+def dots_kept(path: str) -> str:
+    """``path`` with its segments ``.`` and ``..`` (valid names: a queue called ``.``)
+    percent-encoded, which HTTP clients would otherwise resolve away, reaching another
+    route (the server decodes them back into the name)."""
+    if "/." not in path:
+        return path
+    parts = path.split("/")
+    return "/".join(p.replace(".", "%2E") if p in (".", "..") else p for p in parts)
 
 
 def _message_json(body: object) -> dict[str, Any]:
@@ -486,7 +497,8 @@ class RemoteListener:
 
     async def _events(self) -> AsyncIterator[Received]:
         http = self._client._http
-        request = http.build_request("GET", self._path, params=self._params, timeout=None)
+        path = dots_kept(self._path)
+        request = http.build_request("GET", path, params=self._params, timeout=None)
         try:
             response = await http.send(request, stream=True)
         except httpx.TransportError as exc:

@@ -9,7 +9,8 @@ and whether the engine answers. Per queue or attention domain (label ``queue``):
 * ``fairq_worker_received_total``, ``fairq_worker_handled_total{outcome}`` (``ok``,
   ``failed``, ``rejected``, ``duplicate``), ``fairq_worker_handler_seconds`` (a histogram
   of handler run times), ``fairq_worker_running`` and ``fairq_worker_concurrency``;
-* for the worker: ``fairq_worker_slots``, ``fairq_worker_acked_total``,
+* for the worker: ``fairq_worker_slots``, ``fairq_worker_acks_total`` (acks sent),
+  ``fairq_worker_ack_failed_total`` (of those, the ones the engine did not take),
   ``fairq_worker_released_total``, ``fairq_worker_lease_lost_total``,
   ``fairq_worker_backend_up`` (0 while the engine cannot be reached) and
   ``fairq_worker_backend_down_seconds`` (how long it has been away).
@@ -77,7 +78,8 @@ class Reading:
     running: dict[str, int]  # handlers running now, by queue
     concurrency: dict[str, int]  # each queue's own limit
     slots: int  # the worker's limit over all queues
-    acked: int
+    acked: int  # handled messages acked (less those whose ack then failed)
+    ack_failed: int  # acks of handled messages the engine did not take
     released: int
     lease_lost: int
     backend_down: float | None  # seconds the engine has been away; None: it answers
@@ -136,7 +138,18 @@ def render(r: Reading) -> str:
     )
     for name, kind, text, value in (
         ("fairq_worker_slots", "gauge", "Handlers allowed at once over all queues.", r.slots),
-        ("fairq_worker_acked_total", "counter", "Acks the engine took.", r.acked),
+        (
+            "fairq_worker_acks_total",
+            "counter",
+            "Acks sent for handled messages (less ack_failed: the ones the engine took).",
+            r.acked + r.ack_failed,
+        ),
+        (
+            "fairq_worker_ack_failed_total",
+            "counter",
+            "Acks the engine did not take (lease ended, engine away): those messages run again.",
+            r.ack_failed,
+        ),
         (
             "fairq_worker_released_total",
             "counter",
@@ -191,6 +204,7 @@ class MetricsServer:
         self.host = host
         self.port = port
         self._server: asyncio.Server | None = None
+        self._serving: set[asyncio.Task[Any]] = set()  # one per open connection
 
     async def start(self) -> None:
         try:
@@ -208,11 +222,17 @@ class MetricsServer:
     async def close(self) -> None:
         if self._server is not None:
             self._server.close()
+            for task in list(self._serving):  # an idle client's connection ends here too
+                task.cancel()
+            await asyncio.gather(*self._serving, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
             self._server = None
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        me = asyncio.current_task()
+        if me is not None:
+            self._serving.add(me)
         try:
             async with asyncio.timeout(_READ_TIMEOUT):
                 head = await reader.readuntil(b"\r\n\r\n")
@@ -240,7 +260,11 @@ class MetricsServer:
             pass  # a client that sends no whole request in time, or too much: dropped
         except ConnectionError:
             pass
+        except asyncio.CancelledError:
+            pass  # the worker stops: the connection ends with it
         finally:
+            if me is not None:
+                self._serving.discard(me)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

@@ -71,6 +71,7 @@ class WorkerStats:
     released: int = 0
     lease_lost: int = 0
     duplicates: int = 0  # messages acked unhandled: their idempotency key was taken
+    ack_failed: int = 0  # acks of handled messages the engine did not take (run again)
     per_queue: dict[str, int] = field(default_factory=dict)
     #: by queue or attention domain: received, how handler runs ended, and their times
     queues: dict[str, QueueRun] = field(default_factory=dict)

@@ -27,7 +27,7 @@ from typing import Any
 from ..broker import Broker, connect
 from ..errors import ConnectionError, InvalidOption, LeaseLost, Reject
 from ..idempotency import Claim, IdempotentBy, KeyFunction
-from ..message import Received, check_name, check_number
+from ..message import Received, check_name, check_number, safe_detail
 from .metrics import MetricsServer, Reading
 from .parts import (
     Backoff,
@@ -144,6 +144,7 @@ class Runtime:
             concurrency={name: c.concurrency for name, c in consumers.items()},
             slots=self.concurrency,
             acked=stats.acked,
+            ack_failed=stats.ack_failed,
             released=stats.released,
             lease_lost=stats.lease_lost,
             backend_down=down,
@@ -494,6 +495,7 @@ class Runtime:
     def _not_acked(self, msgs: list[Received]) -> None:
         """Handled messages whose ack did not happen: ``acked`` counted them too early."""
         stats = self.stats
+        stats.ack_failed += len(msgs)
         for msg in msgs:
             stats.acked -= 1
             stats.per_queue[msg.queue] = stats.per_queue.get(msg.queue, 1) - 1
@@ -562,7 +564,7 @@ class Runtime:
             self.stats.rejected += 1
             counts.rejected += 1
             await self._end_claim(claim, done=False)
-            await self._settle(msg.dead_letter(rej.reason), msg)
+            await self._settle(msg.dead_letter(safe_detail(str(rej.reason))), msg)
             return False
         except asyncio.CancelledError:
             me = asyncio.current_task()
@@ -611,7 +613,9 @@ class Runtime:
                 delay,
             )
         exc = sys.exc_info()[1]
-        error = None if exc is None else "".join(traceback.format_exception_only(exc)).strip()
+        error = None
+        if exc is not None:  # (any text: NUL and lone surrogates escaped)
+            error = safe_detail("".join(traceback.format_exception_only(exc)).strip())
         await self._end_claim(claim, done=False)  # before the nack: the retry may run
         await self._settle(msg.nack(delay, error=error), msg)
 

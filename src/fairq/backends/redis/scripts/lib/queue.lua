@@ -252,7 +252,7 @@ local function dead_letter(q, id, where, reason, detail, attempt)
   f[#f + 1] = 'di'; f[#f + 1] = rec.di or id   -- the first id it ever had
   f[#f + 1] = 'dn'; f[#f + 1] = attempt
   if detail and detail ~= '' and detail ~= reason then
-    f[#f + 1] = 'dd'; f[#f + 1] = string.sub(detail, 1, 1000)
+    f[#f + 1] = 'dd'; f[#f + 1] = detail  -- at most 1000 characters (Python cuts it)
   end
   local prio = tonumber(rec.p or 0)
   if not same_slot(q.name, q.dlq) then
