@@ -249,3 +249,45 @@ async def test_kill9_of_the_postmaster_loses_no_returned_send(cluster: Cluster) 
     missing = [m for m in returned if m not in stored]
     assert not missing, f"{len(missing)} returned sends lost, e.g. {missing[:3]}"
     assert len(returned) >= 300
+
+
+async def test_an_idle_workers_health_says_the_engine_is_away_within_seconds(
+    cluster: Cluster,
+) -> None:
+    """A worker waiting in a long poll learns of an outage only at its next receive, after
+    the engine's whole timeout (30 s by default); with metrics served it asks the engine
+    every second, so ``/healthz`` is 503 within seconds of the stop and 200 soon after the
+    start (an operator's review: a 15 s outage never showed)."""
+    import httpx
+
+    async with await fairq.connect(f"{cluster.url}?schema=health") as broker:
+        await broker.declare_queue("quiet")
+        worker = fairq.Worker(broker, handle_signals=False, metrics_port=0, poll_wait=30)
+        worker.queue("quiet")(lambda msg: None)
+        task = asyncio.create_task(worker.run())
+        try:
+            deadline = time.monotonic() + 10
+            while worker.metrics_address is None:
+                assert time.monotonic() < deadline and not task.done()
+                await asyncio.sleep(0.05)
+            host, port = worker.metrics_address
+            async with httpx.AsyncClient(base_url=f"http://{host}:{port}", timeout=5) as http:
+
+                async def health_becomes(status: int, within: float) -> None:
+                    started = time.monotonic()
+                    while (await http.get("/healthz")).status_code != status:
+                        assert time.monotonic() - started < within, f"no {status}"
+                        await asyncio.sleep(0.1)
+
+                await health_becomes(200, 5)
+                cluster.stop()
+                try:
+                    await health_becomes(503, 5)
+                    page = (await http.get("/metrics")).text
+                    assert "fairq_worker_backend_up 0" in page
+                finally:
+                    cluster.start()
+                await health_becomes(200, 10)
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 40)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import ClassVar
 
 from ..clock import Clock, ManualClock
-from ..errors import Unsupported
+from ..errors import QueueNotFound, Unsupported
 from ..message import Received
 from ..model.attention import (
     AttentionConfig,
@@ -261,9 +261,12 @@ class Backend(ABC):
         (RabbitMQ) holds no more than the sum. Nothing to do by default."""
 
     async def ping(self) -> None:
-        """Return once every engine this backend needs has answered (a server's health
-        check); ``ConnectionError`` if one does not. The default lists the queues."""
-        await self.list_queues("")
+        """Return once every engine this backend needs has answered (a server's or a
+        worker's health check); ``ConnectionError`` if one does not. The default looks up
+        one queue that need not exist: one indexed read, however many queues there are
+        (listing them all was the default, with millions of attention queues a big read)."""
+        with contextlib.suppress(QueueNotFound):
+            await self.queue_config("fairq.ping")
 
     # -- messages --------------------------------------------------------------------------
     @abstractmethod

@@ -46,6 +46,10 @@ __all__ = ["Backoff", "Handler", "Runtime", "WorkerStats", "queue_of"]
 
 log = logging.getLogger("fairq.worker")
 
+#: while metrics are served, the engine is asked this often (seconds) whether it answers,
+#: and given this long to (``Runtime._watch_engine``)
+PING_EVERY, PING_TIMEOUT = 1.0, 1.0
+
 
 class Runtime:
     """The core of :class:`fairq.Worker` (which see).
@@ -107,6 +111,7 @@ class Runtime:
         self._retired: list[_Consumer] = []  # push consumers stopped while the worker runs
         self._signal_task: asyncio.Future[None] | None = None
         self._metrics: MetricsServer | None = None
+        self._ping_down_since: float | None = None  # loop time the engine stopped answering
 
     def _check_metrics(self) -> None:
         port = self.metrics_port
@@ -136,8 +141,11 @@ class Runtime:
             stats.queues[name] = c.run
         loop = self._loop
         down = None
-        if self._outage_wait and loop is not None:
-            down = max(0.0, loop.time() - self._outage_since)
+        since = [self._outage_since] if self._outage_wait else []
+        if self._ping_down_since is not None:
+            since.append(self._ping_down_since)
+        if since and loop is not None:
+            down = max(0.0, loop.time() - min(since))
         return Reading(
             queues=stats.queues,
             running=running,
@@ -241,6 +249,7 @@ class Runtime:
                     self.metrics_host,
                     self._metrics.port,
                 )
+                self._spawn(self._watch_engine(), "fairq-health")
             for c in list(self._consumers.values()):
                 await self._attach(c)  # QueueNotFound now rather than later
             for c in list(self._consumers.values()):
@@ -432,6 +441,33 @@ class Runtime:
         for run in runs:
             running[run.msg.receipt] = run
         return runs
+
+    async def _watch_engine(self) -> None:
+        """While metrics are served, ask the engine every ``PING_EVERY`` s whether it
+        answers (``Backend.ping``), so ``/healthz`` and ``backend_up`` say it within about
+        two seconds — an idle worker (waiting in a long poll) or one busy in long handlers
+        would learn it only at its next receive, after the engine's whole timeout."""
+        assert self._broker is not None and self._stopping is not None
+        backend, stopping = self._broker.backend, self._stopping
+        loop = asyncio.get_running_loop()
+        while not stopping.is_set():
+            try:
+                async with asyncio.timeout(PING_TIMEOUT):
+                    await backend.ping()
+            except Exception as exc:  # any answer but a good one: not healthy
+                if self._ping_down_since is None:
+                    self._ping_down_since = loop.time()
+                    log.warning("health check: the backend does not answer (%s)", exc or "timeout")
+            else:
+                if self._ping_down_since is not None:
+                    log.info(
+                        "health check: the backend answers again (away for %.1f s)",
+                        loop.time() - self._ping_down_since,
+                    )
+                self._ping_down_since = None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(PING_EVERY):
+                    await stopping.wait()
 
     def _engine_back(self) -> None:
         """A call to the engine worked: if it was away, say so once and reset the pause."""
