@@ -48,6 +48,24 @@ def test_send_receive_stats_redrive(tmp_path: Path) -> None:
     assert wrong.returncode == 1 and "is it a dead-letter queue?" in wrong.stderr, wrong.stderr
 
 
+def test_a_dead_letters_reason_and_detail_have_a_column(tmp_path: Path) -> None:
+    import asyncio
+
+    import fairq as lib
+
+    async def fail_one() -> None:
+        async with await lib.connect(f"sqlite:///{tmp_path / 'cli.db'}") as broker:
+            q = await broker.declare_queue("jobs", max_attempts=1)
+            await q.send(b"order-9")
+            (m,) = await q.receive()
+            await m.nack(error="ValueError: total missing")
+
+    asyncio.run(fail_one())
+    peek = fairq("receive", "jobs.dlq", "--peek", cwd=tmp_path, columns=200).stdout
+    assert "why" in peek and "max_attempts: ValueError: total missing" in peek, peek
+    assert "fairq.detail" not in peek  # shown once, in its column
+
+
 def test_ctrl_c_during_a_long_send_says_how_many_were_sent(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "fairq", "send", "big", "x", "--count", "5000000"],

@@ -141,16 +141,21 @@ def receive(
                 console.print(f"[dim]no messages in {queue}[/dim]")
                 return
             table = Table(title=f"{queue}: {len(msgs)} message(s)" + (" (peek)" if peek else ""))
-            for col in ("id", "attempt", "age", "attributes", "body"):
-                table.add_column(col)
+            # dead letters: why each is there gets a column of its own, shown first
+            dead = any(DEAD_REASON in m.attributes for m in msgs)
+            for col in ("id", "attempt", "age", *(["why"] if dead else []), "attributes", "body"):
+                table.add_column(col, overflow="fold" if col == "why" else "ellipsis")
             now = broker.clock.now()
             for m in msgs:
                 text = m.body.decode("utf-8", "replace")
+                attrs = dict(m.attributes)
+                why = [_why(attrs)] if dead else []
                 table.add_row(
                     m.id,
                     str(m.attempt),
                     _age(now - m.enqueued_at),
-                    " ".join(f"{k}={v}" for k, v in m.attributes.items()),
+                    *why,
+                    " ".join(f"{k}={v}" for k, v in attrs.items()),
                     text if len(text) <= 80 else text[:77] + "...",
                 )
             console.print(table)
@@ -158,6 +163,17 @@ def receive(
                 await q.ack_batch([m.receipt for m in msgs])
 
     _run(main)
+
+
+DEAD_REASON, DEAD_DETAIL = "fairq.reason", "fairq.detail"
+
+
+def _why(attrs: dict[str, str]) -> str:
+    """A dead letter's reason and detail (taken out of ``attrs``), for its own column."""
+    reason = attrs.pop(DEAD_REASON, "")
+    detail = attrs.pop(DEAD_DETAIL, "")
+    detail = detail if len(detail) <= 200 else detail[:197] + "..."
+    return f"{reason}: {detail}" if detail else reason
 
 
 async def _receive(q: Any, n: int, wait: float) -> list[Received]:
