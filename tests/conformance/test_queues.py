@@ -1041,6 +1041,8 @@ async def test_nul_characters_are_refused_alike_on_every_engine(broker: fairq.Br
         await first.dead_letter("bad\x00")
     with pytest.raises(fairq.InvalidOption, match="NUL"):
         await second.nack(error="Error\x00")
+    with pytest.raises(fairq.InvalidOption, match="UTF-8"):
+        await second.nack(error="Error \udcff")
     with pytest.raises(fairq.InvalidOption, match="NUL"):
         await broker.idempotency("nul").claim("k", holder="jobs:\x00")
     await first.ack()  # nothing was changed by the refused calls

@@ -392,12 +392,13 @@ async def test_memory_stays_flat_while_a_worker_is_busy(
 async def test_an_exception_text_any_engine_cannot_store_is_escaped(
     live_broker: fairq.Broker,
 ) -> None:
-    """A handler's exception may say anything (NUL, lone surrogates, 1,000+ characters of
-    é): the nack still goes out, with the text escaped and cut, and the dead letter keeps
-    it (it used to be refused, so the nack was skipped and the message waited out its
-    lease, and Redis cut UTF-8 mid-character, leaving a DLQ nothing could read)."""
+    """A handler's exception may say anything (NUL, 1,000+ characters of €): the nack still
+    goes out, with the text escaped and cut, and the dead letter keeps it (it used to be
+    refused, so the nack was skipped and the message waited out its lease, and Redis cut
+    UTF-8 mid-character, leaving a DLQ nothing could read). Lone surrogates: tests/unit/
+    test_details.py (a log holding one cannot cross pytest-xdist's channel)."""
     q = await live_broker.declare_queue("odd-errors", max_attempts=1, visibility_timeout=30)
-    texts = ["nul \x00 here", "surrogate \udcff here", "€" * 1200]
+    texts = ["nul \x00 here", "€" * 1200]
     await q.send_batch([fairq.Outgoing(str(i)) for i in range(len(texts))])
     worker = fairq.Worker(live_broker, handle_signals=False, poll_wait=0.2)
 
@@ -412,5 +413,4 @@ async def test_an_exception_text_any_engine_cannot_store_is_escaped(
     got = await live_broker.queue("odd-errors.dlq").receive(max_messages=10)
     details = {m.body: m.attributes["fairq.detail"] for m in got}
     assert details[b"0"] == "ValueError: nul \\x00 here"
-    assert details[b"1"] == "ValueError: surrogate \\udcff here"
-    assert details[b"2"] == ("ValueError: " + "€" * 1200)[:1000]
+    assert details[b"1"] == ("ValueError: " + "€" * 1200)[:1000]
