@@ -150,6 +150,8 @@ class QueueFull(FairqError):
     """A bounded queue (``max_length``) refused a send; nothing was stored.
     ``never_fits``: the batch is larger than ``max_length`` (retrying cannot help)."""
 
+    detail = ""
+
     def __init__(
         self, name: str, max_length: int, detail: str = "", overflow: str = "reject"
     ) -> None:
@@ -162,7 +164,7 @@ class QueueFull(FairqError):
 
     @property
     def never_fits(self) -> bool:
-        return getattr(self, "detail", "") == BATCH_LARGER
+        return self.detail == BATCH_LARGER
 
 
 class LeaseLost(FairqError):

@@ -11,7 +11,6 @@ and the checks and encodings every backend shares.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import re
 import secrets
@@ -124,37 +123,14 @@ def encode_body(body: object) -> tuple[bytes, bool]:
     if isinstance(body, bytearray | memoryview):
         return bytes(body), False
     try:
-        # (NaN and infinities become null, as orjson writes them: walking every body that
-        # holds a null to refuse them cost 10x the encoding; docs/queues.md says so)
+        # NaN and infinities become null, as orjson writes them (docs/queues.md): walking
+        # each body to refuse them cost 10x its encoding
         return orjson.dumps(body), True
     except TypeError as exc:
         raise InvalidMessage(
             f"cannot send a body of type {type(body).__name__}: use bytes, str or a "
             f"JSON-serialisable value ({exc})"
         ) from exc
-
-
-def check_finite(value: object, data: bytes, what: str) -> None:
-    """Raise ``InvalidMessage`` if ``value`` (encoded as ``data``) holds a NaN or an
-    infinite float: JSON has no such numbers, and orjson writes them as null, so the value
-    would come back changed without a word. (A look only when ``data`` holds a null.)"""
-    if b"null" in data and _non_finite(value):
-        raise InvalidMessage(
-            f"{what} cannot hold NaN or infinite floats (JSON has no such numbers; they "
-            "would come back as None)"
-        )
-
-
-def _non_finite(value: object) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_non_finite(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return any(_non_finite(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return any(_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return False
 
 
 def encode_attributes(attributes: Mapping[str, str] | None, json_body: bool) -> dict[str, str]:

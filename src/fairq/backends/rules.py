@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ..errors import InvalidOption
-from ..message import format_id
+from ..message import MAX_DETAIL, format_id
 from ..model.queues import Envelope
 from ..model.topics import PublishResult, Subscription, SubscriptionIndex
 
@@ -48,7 +48,7 @@ def dead_letter_attributes(
     attrs.setdefault("fairq.original_id", message_id)
     attrs["fairq.attempts"] = str(attempts)
     if detail and detail != reason:
-        attrs["fairq.detail"] = detail[:1000]
+        attrs["fairq.detail"] = detail[:MAX_DETAIL]
     else:
         attrs.pop("fairq.detail", None)
     return attrs

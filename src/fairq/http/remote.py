@@ -16,7 +16,7 @@ import httpx
 import orjson
 
 from ..attention import AttentionConfig, AttentionStats, KeyStats, TenantStats
-from ..errors import ConnectionError, InvalidMessage, LeaseLost, QueueFull
+from ..errors import ConnectionError, LeaseLost, QueueFull
 from ..message import Outgoing, Received, check_key, parse_receipt
 from ..model.topics import Subscription, TopicConfig
 from ..pubsub import PublishResult, TopicStats, next_within
@@ -82,9 +82,7 @@ def _outgoing(m: Outgoing, topic: bool = False) -> dict[str, Any]:
         out["delay"] = m.delay
     if m.dedup_id is not None:
         out["dedup_id"] = m.dedup_id
-    if topic:
-        if m.priority or m.group is not None:  # as in-process (queue.make_envelopes)
-            raise InvalidMessage("publish does not take group or priority (queues do)")
+    if topic:  # (group and priority refused before, by make_envelopes in _items)
         if m.routing_key:
             out["routing_key"] = m.routing_key
     else:
@@ -447,15 +445,20 @@ class RemoteListener:
         self._ended: BaseException | None = None
         self._listening = asyncio.Event()  # the server said it listens (": listening")
 
+    def _open(self) -> asyncio.Task[None]:
+        """The task reading the stream into the buffer, started at the first need."""
+        if self._reader is None:
+            self._reader = asyncio.create_task(self._read(), name=f"fairq-listen:{self._path}")
+        return self._reader
+
     async def start(self) -> None:
         """Open the stream and return once the server listens; raise what refused it
         (``TopicNotFound``, ``ConnectionError`` ...)."""
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read(), name=f"fairq-listen:{self._path}")
-        if not self._listening.is_set() and not self._reader.done():
+        reader = self._open()
+        if not self._listening.is_set() and not reader.done():
             listening = asyncio.ensure_future(self._listening.wait())
             try:
-                await asyncio.wait({listening, self._reader}, return_when=asyncio.FIRST_COMPLETED)
+                await asyncio.wait({listening, reader}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 listening.cancel()
         if not self._listening.is_set() and not self._buffer.empty():
@@ -471,8 +474,7 @@ class RemoteListener:
     async def __anext__(self) -> Received:
         if self._ended is not None:
             raise self._ended
-        if self._reader is None:
-            self._reader = asyncio.create_task(self._read(), name=f"fairq-listen:{self._path}")
+        self._open()
         item = await self._buffer.get()
         if item is None:
             self._ended = StopAsyncIteration()

@@ -3,6 +3,7 @@ the stored form of a claim's result, and the versions a version gate compares.""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import secrets
 from dataclasses import dataclass
@@ -12,7 +13,6 @@ from typing import Any, Literal
 import orjson
 
 from ..errors import InvalidMessage, InvalidOption
-from ..message import check_finite
 
 __all__ = [
     "DEFAULT_LEASE",
@@ -67,6 +67,29 @@ _INT64 = 2**63
 _BYTES, _JSON = b"b", b"j"
 
 
+def _check_finite(value: object, data: bytes, what: str) -> None:
+    """Raise ``InvalidMessage`` if ``value`` (encoded as ``data``) holds a NaN or an
+    infinite float: JSON has no such numbers, and orjson writes them as null, so the value
+    would come back changed without a word. (A look only when ``data`` holds a null.)"""
+    if b"null" in data and _non_finite(value):
+        raise InvalidMessage(
+            f"{what} cannot hold NaN or infinite floats (JSON has no such numbers; they "
+            "would come back as None)"
+        )
+
+
+def _non_finite(value: object) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_non_finite(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return any(_non_finite(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return any(_non_finite(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return False
+
+
 def encode_result(result: object) -> bytes | None:
     """The stored form of a claim's result: None stays None, bytes are kept as they are,
     anything else must be JSON-serialisable (``InvalidMessage`` otherwise)."""
@@ -81,7 +104,7 @@ def encode_result(result: object) -> bytes | None:
             f"cannot store a result of type {type(result).__name__}: use bytes or a "
             f"JSON-serialisable value ({exc})"
         ) from exc
-    check_finite(result, data, "a result")
+    _check_finite(result, data, "a result")
     return _JSON + data
 
 
