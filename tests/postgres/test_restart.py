@@ -291,3 +291,36 @@ async def test_an_idle_workers_health_says_the_engine_is_away_within_seconds(
         finally:
             worker.stop()
             await asyncio.wait_for(task, 40)
+
+
+async def test_a_health_check_answers_at_once_while_the_server_refuses(cluster: Cluster) -> None:
+    """``ping`` (the server's and the worker's /healthz) asks a connection of its own once
+    the pool has seen trouble: a server that refuses connections is reported at once and
+    by name, where a pooled call waits its whole timeout for the pool to reconnect; an
+    operation that does time out says why the pool could not connect."""
+    url = f"{cluster.url}?schema=health&timeout=2&connect_timeout=2"
+    async with await fairq.connect(url) as b:
+        q = await b.declare_queue("jobs")
+        await b.backend.ping()
+        await asyncio.to_thread(cluster.stop)
+        try:
+            with pytest.raises(fairq.ConnectionError):
+                await q.send(b"during")  # meets the dead connection, or waits it out
+            for _ in range(3):
+                started = time.monotonic()
+                with pytest.raises(fairq.ConnectionError, match=r"(?i)refused"):
+                    await b.backend.ping()
+                assert time.monotonic() - started < 1.0
+            with pytest.raises(fairq.ConnectionError, match=r"within 2 s \(.*(?i:refused)"):
+                await q.stats()
+        finally:
+            await asyncio.to_thread(cluster.start)
+        deadline = time.monotonic() + 20
+        while True:  # healthy again once the server answers
+            try:
+                await b.backend.ping()
+                break
+            except fairq.ConnectionError:
+                assert time.monotonic() < deadline, "the health check did not come back"
+                await asyncio.sleep(0.2)
+        await q.send(b"after")

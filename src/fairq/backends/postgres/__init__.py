@@ -178,6 +178,14 @@ class PostgresBackend(Backend):
         await self.listener.stop()
         await self.pool.close()
 
+    async def ping(self) -> None:
+        """After connection trouble, a connection of its own (``Pool.probe``): a server
+        that refuses connections is reported at once, not after the pool's wait."""
+        if self.pool.troubled:
+            await self.pool.probe()
+        else:
+            await super().ping()
+
     def listen_scope(self) -> Hashable:
         return ("postgresql", self.options.conninfo, self.options.schema)
 

@@ -280,6 +280,8 @@ SUSPECT_FOR = 30.0
 RECONNECT_CHAIN = 5.0
 #: seconds of one request for a pooled connection (see ``Pool._getconn``)
 GETCONN_SLICE = 1.0
+#: seconds a health check's own connection (``Pool.probe``) may take at most
+PROBE_TIMEOUT = 3.0
 
 
 class _QuietPoolRetries(logging.Filter):
@@ -453,6 +455,9 @@ class Pool:
         self._flushes: set[asyncio.Future[None]] = set()
         self._closing = False
         self._suspect_until = 0.0
+        #: why the pool's last attempt to connect failed; None once one succeeded
+        self.refused: str | None = None
+        self._kwargs = kwargs
         logging.getLogger("psycopg.pool").addFilter(_QUIET_POOL_RETRIES)  # once: same object
         self.pool: AsyncConnectionPool[psycopg.AsyncConnection[Any]] = AsyncConnectionPool(
             options.conninfo,
@@ -463,6 +468,7 @@ class Pool:
             timeout=options.timeout,
             name=f"fairq:{options.schema}",
             check=self._check,
+            connection_class=_recording(self),
             # psycopg_pool retries a failed connection with a doubling delay (1, 2, 4, ...
             # s) for reconnect_timeout seconds: with its default of 5 minutes, after an
             # outage of a minute the next attempt came up to a minute after the server was
@@ -591,11 +597,39 @@ class Pool:
             await self.pool.putconn(conn)
 
     def timed_out(self, exc: BaseException | None = None) -> ConnectionError:
-        err = ConnectionError(
-            f"postgresql at {self.options.masked}: no answer within {self.options.timeout:g} s"
-        )
+        text = f"postgresql at {self.options.masked}: no answer within {self.options.timeout:g} s"
+        if self.refused is not None:  # the server refuses: say so, not only that time ran out
+            text += f" (the last connection attempt: {self.refused})"
+        err = ConnectionError(text)
         err.__cause__ = exc
         return err
+
+    @property
+    def troubled(self) -> bool:
+        """Whether connection trouble was seen lately: a failed connection attempt not
+        followed by a good one, or an operation that met a dead connection."""
+        return self.refused is not None or time.monotonic() < self._suspect_until
+
+    async def probe(self) -> None:
+        """One new connection and one statement, not the pool's: whether the server
+        answers now. A health check while the pool is in trouble asks this, so a server
+        that refuses connections gives its answer at once, where a pooled operation waits
+        for the pool's reconnection up to its whole ``timeout``."""
+        limit = min(self.options.connect_timeout, PROBE_TIMEOUT)
+        kwargs = {**self._kwargs, "connect_timeout": max(1, int(limit))}
+        try:
+            async with asyncio.timeout(limit):
+                conn = await psycopg.AsyncConnection.connect(self.options.conninfo, **kwargs)
+                try:
+                    await conn.execute("SELECT 1")
+                finally:
+                    await conn.close()
+        except TimeoutError as exc:
+            raise ConnectionError(
+                f"postgresql at {self.options.masked}: no answer within {limit:g} s"
+            ) from exc
+        except psycopg.Error as exc:
+            raise ConnectionError(f"postgresql at {self.options.masked}: {_line(exc)}") from exc
 
     async def run(
         self,
@@ -664,6 +698,32 @@ def _reason(exc: BaseException) -> str:
     if isinstance(exc, PoolTimeout) and cause is not None:
         text = str(cause).strip() or text
     return mask(text)
+
+
+def _line(exc: BaseException) -> str:
+    """libpq's words on one line (it breaks them with a newline and a tab)."""
+    return " ".join(_reason(exc).split())
+
+
+def _recording(pool: Pool) -> type[psycopg.AsyncConnection[Any]]:
+    """The connection class of ``pool``'s connections: psycopg's, noting in
+    ``pool.refused`` why the last attempt to connect failed (libpq's words, on one line),
+    and clearing it when one succeeds."""
+
+    class Recording(psycopg.AsyncConnection[Any]):
+        @classmethod
+        async def connect(cls, *args: Any, **kwargs: Any) -> Any:
+            try:
+                conn = await super().connect(*args, **kwargs)
+            except psycopg.Error as exc:
+                pool.refused = _line(exc)
+                raise
+            pool.refused = None
+            return conn
+
+    # psycopg's pool names the class in its logs: keep psycopg's name there
+    Recording.__module__, Recording.__qualname__ = "psycopg", "AsyncConnection"
+    return Recording
 
 
 __all__ += ["Cursor", "Deadline", "abandon", "driver_connection", "mask", "pg_errors"]
