@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 import fairq
-from redis_servers import RedisServer, available
+from redis_servers import RedisCluster, RedisServer, available
 
 HERE = Path(__file__).parent
 
@@ -251,3 +251,120 @@ async def test_a_room_admitter_goes_on_after_a_restart(server: RedisServer) -> N
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+
+
+def _owner(cluster: RedisCluster, tag: str) -> int:
+    """The port of the master that holds hash tag ``tag``'s slot."""
+    slot = int(
+        subprocess.run(
+            ["redis-cli", "-p", str(cluster.nodes[0].port), "cluster", "keyslot", tag],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    out = subprocess.run(
+        ["redis-cli", "-p", str(cluster.nodes[0].port), "cluster", "shards"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    # the node's port follows its "port" field; its slot ranges come before its "nodes"
+    ports = [n.port for n in cluster.nodes]
+    shards: list[tuple[list[int], int]] = []
+    ranges: list[int] = []
+    for i, word in enumerate(out):
+        if word == "slots":
+            ranges = []
+            j = i + 1
+            while j < len(out) and out[j].isdigit():
+                ranges.append(int(out[j]))
+                j += 1
+        if word == "port" and int(out[i + 1]) in ports:
+            shards.append((ranges, int(out[i + 1])))
+    for ranges, port in shards:
+        if any(lo <= slot <= hi for lo, hi in zip(ranges[::2], ranges[1::2], strict=True)):
+            return port
+    raise AssertionError(f"no master holds slot {slot}")
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisCluster]:
+    c = RedisCluster(tmp_path_factory.mktemp("cluster")).start()
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+async def test_a_cluster_url_may_name_several_seed_nodes(cluster: RedisCluster) -> None:
+    """``redis+cluster://h1:p1,h2:p2``: a process starts while its first seed node is down
+    (here a port nobody listens on), from the next one that answers."""
+    ports = [n.port for n in cluster.nodes]
+    url = f"redis+cluster://127.0.0.1:1,127.0.0.1:{ports[1]},127.0.0.1:{ports[2]}?prefix=s:"
+    async with await fairq.connect(url) as broker:
+        q = await broker.declare_queue("seeds")
+        await q.send(b"x")
+        (got,) = await q.receive()
+        assert got.body == b"x"
+        await got.ack()
+    with pytest.raises(fairq.ConnectionError, match="several hosts need redis"):
+        await fairq.connect(f"redis://127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}")
+
+
+async def test_a_worker_keeps_running_while_the_cluster_is_down(cluster: RedisCluster) -> None:
+    """A master of a Redis Cluster dies: until the cluster settles every node answers
+    CLUSTERDOWN, even for keys of healthy masters. That is an outage like any other
+    (``fairq.ConnectionError``, so a Worker waits it out); it was a BackendError, and
+    every running worker of every queue stopped."""
+    url = f"{cluster.url}?prefix=c:&timeout=2&connect_timeout=0.5"
+    victim = next(
+        n for n in cluster.nodes[1:] if n.port != _owner(cluster, "jobs")
+    )  # not the seed, not the queue's own master
+    async with await fairq.connect(url) as broker:
+        q = await broker.declare_queue("jobs", visibility_timeout=5)
+        seen: set[bytes] = set()
+        ten, twenty = asyncio.Event(), asyncio.Event()
+        worker = fairq.Worker(broker, concurrency=4, handle_signals=False, poll_wait=0.5)
+
+        @worker.queue("jobs")
+        async def handle(msg: fairq.Received) -> None:
+            seen.add(msg.body)
+            if len(seen) >= 10:
+                ten.set()
+            if len(seen) >= 20:
+                twenty.set()
+
+        task = asyncio.create_task(worker.run())
+        try:
+            await q.send_batch([fairq.Outgoing(f"a{i}") for i in range(10)])
+            await asyncio.wait_for(ten.wait(), 10)
+            victim.kill()
+            deadline = time.monotonic() + 20
+            down = ""
+            while not down:  # the other masters mark it failed within a few seconds
+                assert time.monotonic() < deadline, "the cluster never said it was down"
+                try:
+                    await q.stats()
+                    await asyncio.sleep(0.2)
+                except fairq.ConnectionError as exc:
+                    if "CLUSTERDOWN" in str(exc).upper() or "down" in str(exc):
+                        down = str(exc)
+            assert "not serving now" in down
+            await asyncio.sleep(1.5)  # the worker meets it too
+            assert not task.done(), f"the worker stopped: {task.exception()}"
+            victim.start()
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    await q.send_batch([fairq.Outgoing(f"b{i}") for i in range(10)])
+                    break
+                except fairq.ConnectionError:
+                    assert time.monotonic() < deadline, "the cluster did not come back"
+                    await asyncio.sleep(0.2)
+            await asyncio.wait_for(twenty.wait(), 30)
+            assert not task.done(), f"the worker stopped: {task.exception()}"
+            assert seen >= {f"b{i}".encode() for i in range(10)}
+        finally:
+            worker.stop()
+            await asyncio.wait_for(task, 10)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, NoReturn
 from urllib.parse import parse_qsl, unquote, urlsplit
@@ -49,7 +49,7 @@ class RedisOptions:
 
     url: str  # masked
     cluster: bool
-    host: str
+    host: str  # the first (or only) host
     port: int
     db: int
     username: str | None
@@ -61,6 +61,8 @@ class RedisOptions:
     connect_timeout: float
     max_connections: int
     safety_poll: float
+    #: every host of the URL (a Cluster's seed nodes), the first one first
+    seeds: list[tuple[str, int]] = field(default_factory=list)
 
 
 def _number(
@@ -80,7 +82,8 @@ def _number(
 
 
 def parse_url(url: str) -> RedisOptions:
-    """Parse a Redis URL (``redis://[user:password@]host:port/db?prefix=...``).
+    """Parse a Redis URL (``redis://[user:password@]host:port/db?prefix=...``; a Cluster's
+    ``redis+cluster://host:port,host:port,...`` names one or more seed nodes).
 
     Query options: ``prefix`` (of every key, default ``fairq:``), ``clock`` (``client``:
     scripts use the broker's clock, the default; ``server``: Redis's ``TIME``),
@@ -97,10 +100,18 @@ def parse_url(url: str) -> RedisOptions:
     repeated = sorted({k for k, _ in pairs if sum(1 for j, _ in pairs if j == k) > 1})
     if repeated:
         raise InvalidOption(f"option(s) given twice in {masked!r}: {', '.join(repeated)}")
-    try:
-        port = parts.port or 6379
-    except ValueError as exc:
-        raise ConnectionError(f"cannot open {masked!r}: bad port") from exc
+    # redis+cluster://h1:p1,h2:p2: several seed nodes, so a process can start while one
+    # of them is down (the first one that answers gives the cluster's layout)
+    hosts = parts.netloc.rpartition("@")[2].split(",")
+    if len(hosts) > 1 and not cluster:
+        raise ConnectionError(f"cannot open {masked!r}: several hosts need redis+cluster://")
+    seeds: list[tuple[str, int]] = []
+    for host in hosts:
+        try:
+            where = urlsplit(f"//{host}")
+            seeds.append((where.hostname or "127.0.0.1", where.port or 6379))
+        except ValueError as exc:
+            raise ConnectionError(f"cannot open {masked!r}: bad port") from exc
     db_text = parts.path.strip("/") or "0"
     if not db_text.isdigit():
         raise ConnectionError(f"cannot open {masked!r}: the database must be a number")
@@ -124,8 +135,9 @@ def parse_url(url: str) -> RedisOptions:
     return RedisOptions(
         url=masked,
         cluster=cluster,
-        host=parts.hostname or "127.0.0.1",
-        port=port,
+        host=seeds[0][0],
+        port=seeds[0][1],
+        seeds=seeds,
         db=db,
         username=unquote(parts.username) if parts.username else None,
         password=unquote(parts.password) if parts.password else None,
@@ -157,7 +169,7 @@ def make_client(opts: RedisOptions) -> Client:
     }
     if opts.cluster:
         return RedisCluster(
-            startup_nodes=[ClusterNode(opts.host, opts.port)],
+            startup_nodes=[ClusterNode(h, p) for h, p in opts.seeds or [(opts.host, opts.port)]],
             ssl=opts.ssl,
             max_connections=opts.max_connections,
             **common,
@@ -196,10 +208,22 @@ def driver_error(exc: BaseException, url: str) -> NoReturn:
         raise asyncio.CancelledError() from exc
     if isinstance(exc, rex.AuthenticationError | rex.AuthorizationError):
         raise ConnectionError(f"redis at {url!r} refused the credentials: {exc}") from exc
+    cluster = url.startswith("redis+cluster")
     if isinstance(exc, rex.ConnectionError | rex.TimeoutError | OSError):
+        if cluster:  # the URL names the seed node; redis-py's text names the one that failed
+            raise ConnectionError(
+                f"redis cluster at {url!r}: a node is not reachable: {exc}"
+            ) from exc
         raise ConnectionError(f"redis at {url!r} is not reachable: {exc}") from exc
     if isinstance(exc, rex.ResponseError) and "NOAUTH" in str(exc):
         raise ConnectionError(f"redis at {url!r} needs a password: {exc}") from exc
+    if isinstance(exc, rex.ClusterError | rex.TryAgainError):
+        # CLUSTERDOWN / MASTERDOWN / TRYAGAIN: a node failed and the cluster has not
+        # settled yet (every node answers so until a replica took over or the node is
+        # back) — an outage like any other: retried by a Worker, not a fatal error
+        raise ConnectionError(f"redis cluster at {url!r} is not serving now: {exc}") from exc
+    if isinstance(exc, rex.ReadOnlyError):  # a primary demoted under us (a failover)
+        raise ConnectionError(f"redis at {url!r} answered from a replica: {exc}") from exc
     if isinstance(exc, rex.RedisClusterException):
         raise ConnectionError(f"redis cluster at {url!r}: {exc}") from exc
     raise BackendError(f"redis at {url!r}: {exc}") from exc
