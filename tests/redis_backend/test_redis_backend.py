@@ -39,6 +39,9 @@ def test_url_options() -> None:
     assert parse_url("rediss://h/0").ssl
     c = parse_url("redis+cluster://h:7000")
     assert c.cluster and c.port == 7000 and c.prefix == "fairq:"
+    several = parse_url("redis+cluster://u:pw@h1:7000,h2,[::1]:7002?prefix=p:")
+    assert several.seeds == [("h1", 7000), ("h2", 6379), ("::1", 7002)]
+    assert (several.host, several.port, several.password) == ("h1", 7000, "pw")
 
 
 @pytest.mark.parametrize(
@@ -54,6 +57,8 @@ def test_url_options() -> None:
         ("redis://h/0?prefix=a:&prefix=b:", fairq.InvalidOption),
         ("redis://h/zero", fairq.ConnectionError),
         ("redis+cluster://h:7000/2", fairq.ConnectionError),
+        ("redis://h1:6379,h2:6379/0", fairq.ConnectionError),  # several hosts: Cluster only
+        ("redis+cluster://h1:7000,h2:port", fairq.ConnectionError),
     ],
 )
 def test_bad_urls(bad: str, error: type[Exception]) -> None:
@@ -230,6 +235,29 @@ async def test_cluster_outbox_finishes_a_move_left_half_done(
     assert [d.body for d in dead] == [b"poison"]
     assert dead[0].attributes["fairq.reason"] == "max_attempts"
     assert await backend.command("LLEN", backend.fkey("src", "out")) == 0  # type: ignore[attr-defined]
+
+
+async def test_a_name_starting_with_a_dot_works_on_one_redis_and_is_refused_on_cluster(
+    shared_url: str, cluster_broker: fairq.Broker
+) -> None:
+    """A name's first word is its keys' hash tag; ``.hidden``'s is empty, and Cluster
+    ignores an empty tag ``{}``: its keys would fall in different slots, and each
+    operation failed half-way with "Script attempted to access a non local key". On
+    Cluster such names are refused (``Unsupported``) before anything is written."""
+    async with await fairq.connect(shared_url) as one:
+        q = await one.declare_queue(".hidden")
+        await q.send(b"x")
+        assert (await q.stats()).visible == 1
+    for call in (
+        lambda: cluster_broker.declare_queue(".hidden"),
+        lambda: cluster_broker.declare_queue("orders", dead_letter=".graveyard"),
+        lambda: cluster_broker.queue("..").send(b"x"),
+        lambda: cluster_broker.queue(".x.dlq").receive(),
+        lambda: cluster_broker.declare_topic(".news"),
+    ):
+        with pytest.raises(fairq.Unsupported, match=r"cannot start with '\.'"):
+            await call()
+    assert await cluster_broker.list_queues() == []
 
 
 async def test_cluster_refuses_a_domain_scattered_over_slots(cluster_broker: fairq.Broker) -> None:

@@ -270,7 +270,7 @@ async def stats_table(
             else:
                 row.append("[green]ok[/green]")
         rows.append(row)
-    table = fitted(f"fairq queues — {broker.url}", cols, rows, width or console.width)
+    table = fitted(f"fairq stats — {broker.url}", cols, rows, width or console.width)
     if not rows:
         table.caption = "no queues yet: `fairq send QUEUE BODY` declares one"
     return table

@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from ...clock import Clock
-from ...errors import BackendError, ConnectionError, QueueNotFound
+from ...errors import BackendError, ConnectionError, QueueNotFound, Unsupported
 from ...model.queues import QueueConfig
 from ..base import Backend
 from .conn import (
@@ -144,11 +144,17 @@ class RedisCore(Backend):
     # -- keys and scripts ------------------------------------------------------------------
     def fkey(self, name: str, suffix: str) -> str:
         """A family-level key of the family of ``name``."""
-        return f"{self.prefix}{{{family(name)}}}:{suffix}"
+        fam = family(name)
+        if not fam and self.opts.cluster:
+            raise _no_family(name)
+        return f"{self.prefix}{{{fam}}}:{suffix}"
 
     def qkey(self, name: str, suffix: str) -> str:
         """A key of queue ``name``."""
-        return f"{self.prefix}{{{family(name)}}}:q:{name}:{suffix}"
+        fam = family(name)
+        if not fam and self.opts.cluster:
+            raise _no_family(name)
+        return f"{self.prefix}{{{fam}}}:q:{name}:{suffix}"
 
     def _now_arg(self) -> str:
         return "" if self.opts.server_clock else repr(self.clock.now())
@@ -208,6 +214,8 @@ class RedisCore(Backend):
         """Remember the families of ``names`` (for listing); before anything is created.
         The index only grows, so a family this broker added once needs no second call."""
         new = {family(n) for n in names} - self._known_families
+        if "" in new and self.opts.cluster:
+            raise _no_family(next(n for n in names if not family(n)))
         if new:
             await self.command("SADD", f"{self.prefix}families", *new)
             self._known_families |= new
@@ -283,3 +291,13 @@ class RedisCore(Backend):
             self._last_safety = now  # the slow safety poll: a lost notification costs this
             return True
         return False
+
+
+def _no_family(name: str) -> Unsupported:
+    """A name whose first word is empty (it starts with a dot) on Redis Cluster: its keys'
+    hash tag would be ``{}``, which Cluster ignores, and they would fall into different
+    slots (a script would then fail half-way)."""
+    return Unsupported(
+        f"{name!r}: on Redis Cluster a name cannot start with '.' — its first word is the "
+        "hash tag that keeps its keys in one slot (see docs/redis.md)"
+    )
