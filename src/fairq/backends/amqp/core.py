@@ -66,6 +66,7 @@ class AmqpCore(Backend):
         self._seq = itertools.count(1)
         self._tasks: list[asyncio.Task[None]] = []
         self._kick = asyncio.Event()
+        self._idle_check = False  # a look for idle consumers is due (leases.FEED_IDLE)
         self._closed = False
         self._management: Management | None = None
         if url.management is not None:

@@ -105,6 +105,13 @@ class Feed:
     _written: asyncio.Event = field(default_factory=asyncio.Event)  # set: none is
     _confirms: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     _holding: bool = False  # acks wait for the consumer's cancel (hold_acks)
+    #: the prefetch the channel's consumers get (its last ``basic.qos`` for consuming)
+    _consumer_qos: int = 0
+    #: when this process last asked for messages of the queue (``receive``), loop time,
+    #: and the most it asked for in one call since the consumer last started: an idle
+    #: consumer's deliveries go back to the queue (``AmqpLeases._release_idle``)
+    asked_at: float = 0.0
+    asked_most: int = 0
 
     @property
     def key(self) -> str:
@@ -124,6 +131,10 @@ class Feed:
             if self.live():
                 assert self.channel is not None
                 if self.consume and self.consumer_tag is None:
+                    if self._consumer_qos != self.prefetch:  # for the consumer made next
+                        with driver_errors(f"consuming queue {self.queue!r}", self.link.url.masked):
+                            await self.channel.basic_qos(prefetch_count=self.prefetch)
+                        self._consumer_qos = self.prefetch
                     await self._consume(self.channel)
                 return self.channel
             self.held.clear()  # whatever the old channel held went back to the queue
@@ -132,6 +143,7 @@ class Feed:
             self._acks.clear()
             self.link.forget(self.key)
             ch = await self.link.channel(self.key, prefetch=self.prefetch)
+            self._consumer_qos = self.prefetch
             # set before consuming: the first deliveries may run before consume-ok returns
             self.channel, self.generation = ch, self.link.generation
             self.consumer_tag = None
@@ -409,6 +421,17 @@ class Feed:
         held = list(self.held)
         self.held.clear()
         return held
+
+    async def resize(self, prefetch: int) -> None:
+        """Consume with prefetch ``prefetch`` from now on; what the consumer holds stays
+        held (cancelling a consumer leaves its deliveries unacked on the channel)."""
+        if prefetch == self.prefetch:
+            return
+        self.prefetch = prefetch
+        if self.live() and self.consumer_tag is not None:
+            held = await self.stop()
+            self.held.extend(held)
+            await self.start()
 
     async def close(self) -> None:
         self._holding = False  # whatever happened to stop(): the acks go out

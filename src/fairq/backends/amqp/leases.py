@@ -25,6 +25,8 @@ __all__ = ["AmqpLeases"]
 log = logging.getLogger("fairq.amqp")
 
 _ID_MASK = 2**63 - 1  # a receipt's first part: the message id, as 16 hex digits
+#: seconds without a receive after which a queue's consumer gives back what it holds
+FEED_IDLE = 0.5
 
 
 class AmqpLeases(AmqpCore):
@@ -62,6 +64,12 @@ class AmqpLeases(AmqpCore):
 
     def _delivered(self, queue: str) -> None:
         self.wakeups.notify([queue])
+        if not self._idle_check and queue not in self._windows:
+            # pushed to a consumer nobody may be asking of (a message this process gave
+            # back comes straight back to it, most often): given back if that stays so
+            feed = self._feeds.get(queue)
+            if feed is not None and feed.consume:
+                self._idle_soon(feed)
 
     async def receive(
         self, queue: str, max_messages: int, visibility_timeout: float | None
@@ -69,15 +77,21 @@ class AmqpLeases(AmqpCore):
         config = await self._config(queue)
         await self._expire_leases()
         feed = self._feed(queue)
-        await feed.start()
-        vt = config.visibility_timeout if visibility_timeout is None else visibility_timeout
-        out: list[Received] = []
-        empty_answers = 0
         # a worker's queue (consumer_window) takes only what its consumer was pushed: a
         # basic.get is outside the prefetch count, so each one let RabbitMQ push one more
         # to the consumer (11 held for 8 slots), each an attempt counted if the process
         # dies; the worker waits for the push instead (the delivery wakes it)
         windowed = queue in self._windows
+        if not windowed:
+            feed.asked_at = asyncio.get_running_loop().time()
+            feed.asked_most = max(feed.asked_most, max_messages)
+            wanted = min(self.url.prefetch, max_messages)
+            if feed.prefetch < wanted:  # cut by an idle release: asked for more now
+                await feed.resize(wanted)
+        await feed.start()
+        vt = config.visibility_timeout if visibility_timeout is None else visibility_timeout
+        out: list[Received] = []
+        empty_answers = 0
         while len(out) < max_messages:
             if feed.held:
                 delivered = feed.held.popleft()
@@ -100,7 +114,53 @@ class AmqpLeases(AmqpCore):
             received = await self._lease(feed, config, delivered, vt)
             if received is not None:
                 out.append(received)
+        if feed.held and not windowed:  # if no receive takes them soon, they go back
+            self._idle_soon(feed)
         return out
+
+    def _idle_soon(self, feed: Feed) -> None:
+        """Look for idle consumers once ``feed``'s would be idle (one look pending at a
+        time; the lease timer also looks every second)."""
+        if not self._idle_check:
+            self._idle_check = True
+            loop = asyncio.get_running_loop()
+            wait = max(0.0, feed.asked_at + FEED_IDLE - loop.time())
+            loop.call_later(wait + 0.001, self._check_idle)
+
+    def _check_idle(self) -> None:
+        self._idle_check = False
+        self._kick.set()
+
+    async def _release_idle(self) -> None:
+        """Give back what idle consumers hold. A consumer keeps being pushed deliveries up
+        to its prefetch whether or not this process asks for more, and those are out of
+        every other process's reach (a message this process nacked or let expire often
+        comes straight back to it, too): once no receive has asked for a queue for
+        ``FEED_IDLE`` seconds, its consumer is cancelled and what it held goes back to
+        the queue, as copies with their attempts so far (a plain requeue would count one
+        more on a quorum queue). It consumes again at the next receive, with a prefetch of
+        the most that one receive asked for meanwhile (a process receiving one at a time
+        then holds one, not 200), back up to the URL's when a receive asks for more."""
+        now = asyncio.get_running_loop().time()
+        for feed in list(self._feeds.values()):
+            if (
+                not feed.held
+                or not feed.consume
+                or feed.consumer_tag is None
+                or feed.queue in self._windows
+                or now - feed.asked_at < FEED_IDLE
+                or not feed.live()
+            ):
+                continue
+            feed.prefetch = max(1, min(self.url.prefetch, feed.asked_most))
+            feed.asked_most = 0
+            generation = feed.generation
+            held = await feed.stop()
+            for delivered in held:
+                if not feed.live() or feed.generation != generation:
+                    break  # the channel closed: the broker has them back already
+                await self._put_back(feed, delivered)
+            self.wakeups.notify([feed.queue])
 
     async def _lease(
         self,
@@ -437,6 +497,7 @@ class AmqpLeases(AmqpCore):
                     await self._kick.wait()
             try:
                 await self._expire_leases()
+                await self._release_idle()
             except Exception:
                 log.warning("lease timer failed", exc_info=True)
 
@@ -448,22 +509,31 @@ class AmqpLeases(AmqpCore):
             if not held or not feed.live():
                 continue
             for delivered in held:
-                headers = dict(delivered.header.properties.headers or {})
-                lease = Lease(
-                    feed.queue,
-                    feed,
-                    feed.generation,
-                    delivered.delivery.delivery_tag,
-                    delivered.header.properties.message_id or self._new_id(),
-                    delivered.body,
-                    headers,
-                    delivered.header.properties.priority or 0,
-                    0,
-                    0.0,
-                    0.0,
-                )
-                prior = int(headers.get(PRIOR, 0)) + int(headers.get("x-delivery-count", 0))
-                await self._copy(lease, feed.queue, prior, 0.0)
+                await self._put_back(feed, delivered)
+
+    async def _put_back(self, feed: Feed, delivered: Delivered) -> None:
+        """A delivery ``feed`` holds and nobody leased, back to its queue as a copy with
+        its attempts so far; if the queue refuses the copy (full), a plain requeue."""
+        headers = dict(delivered.header.properties.headers or {})
+        lease = Lease(
+            feed.queue,
+            feed,
+            feed.generation,
+            delivered.delivery.delivery_tag,
+            delivered.header.properties.message_id or self._new_id(),
+            delivered.body,
+            headers,
+            delivered.header.properties.priority or 0,
+            0,
+            0.0,
+            0.0,
+        )
+        prior = int(headers.get(PRIOR, 0)) + int(headers.get("x-delivery-count", 0))
+        try:
+            await self._copy(lease, feed.queue, prior, 0.0)
+        except QueueFull:
+            if feed.channel is not None:
+                feed.give_back(feed.channel, int(delivered.delivery.delivery_tag))
 
     async def next_due(self) -> float | None:
         heap = self._deadlines

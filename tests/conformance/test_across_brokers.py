@@ -1,0 +1,123 @@
+"""SPEC §3 rules 1, 3-5 and 11 between two brokers on one engine (two processes, as far as
+the engine can tell; SPEC §10 rule 1): what one gives back, lets expire or never asks
+for again is another's to receive, promptly, and each visible message goes to one
+receiver at a time. The memory backend has one process only: both handles share it.
+
+Bounds are generous (a shared CI machine): they tell "promptly" from "never" and from
+"after a whole safety poll", not milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+
+import fairq
+
+
+@pytest.fixture
+async def other(
+    live_broker: fairq.Broker, url: str, backend_name: str
+) -> AsyncIterator[fairq.Broker]:
+    """A second broker on the same engine and namespace."""
+    if backend_name == "memory":
+        yield live_broker
+        return
+    b = await fairq.connect(url)
+    try:
+        yield b
+    finally:
+        await b.close()
+
+
+async def test_a_send_wakes_another_brokers_long_poll(
+    live_broker: fairq.Broker, other: fairq.Broker
+) -> None:
+    q = await live_broker.declare_queue("wake")
+    waiter = asyncio.create_task(other.queue("wake").receive(wait=10))
+    await asyncio.sleep(0.3)
+    started = time.monotonic()
+    await q.send(b"x")
+    (got,) = await asyncio.wait_for(waiter, 10)
+    assert got.body == b"x"
+    assert time.monotonic() - started < 2.0
+
+
+async def test_a_lease_that_runs_out_is_another_brokers_to_receive(
+    live_broker: fairq.Broker, other: fairq.Broker
+) -> None:
+    """The first broker stays open and never asks again: its lease's end makes the
+    message visible to the other broker, attempt 2; the old receipt is lost."""
+    q = await live_broker.declare_queue("expiry", visibility_timeout=30)
+    await q.send(b"x")
+    (first,) = await q.receive(visibility_timeout=0.5)
+    started = time.monotonic()
+    got = await other.queue("expiry").receive(wait=10)
+    assert [m.attempt for m in got] == [2], "the other broker never got the message"
+    assert time.monotonic() - started < 4.0
+    with pytest.raises(fairq.LeaseLost):
+        await first.ack()
+    await got[0].ack()
+
+
+async def test_a_nack_is_another_brokers_to_receive(
+    live_broker: fairq.Broker, other: fairq.Broker
+) -> None:
+    q = await live_broker.declare_queue("given-back")
+    await q.send(b"x")
+    (first,) = await q.receive()
+    waiter = asyncio.create_task(other.queue("given-back").receive(wait=10))
+    await asyncio.sleep(0.3)
+    await first.nack()
+    got = await asyncio.wait_for(waiter, 12)
+    assert [m.attempt for m in got] == [2], "the other broker's long poll got nothing"
+    await got[0].ack()
+
+
+async def test_a_broker_that_stopped_receiving_keeps_nothing_from_the_others(
+    live_broker: fairq.Broker, other: fairq.Broker
+) -> None:
+    """One receive of one message, then nothing: the rest of the backlog is the other
+    broker's (an engine that pushes messages to consumers must not leave them with one
+    that no longer asks)."""
+    q = await live_broker.declare_queue("backlog", visibility_timeout=60)
+    await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(20)])
+    (first,) = await q.receive()
+    taker = other.queue("backlog")
+    seen: list[fairq.Received] = []
+    deadline = time.monotonic() + 10
+    while len(seen) < 19 and time.monotonic() < deadline:
+        seen += await taker.receive(max_messages=19 - len(seen), wait=1)
+    assert sorted(m.body for m in seen) == sorted(f"m{i}".encode() for i in range(1, 20))
+    await taker.ack_batch([m.receipt for m in seen])
+    await first.ack()
+
+
+async def test_competing_brokers_receive_each_message_once(
+    live_broker: fairq.Broker, other: fairq.Broker
+) -> None:
+    n = 200
+    q = await live_broker.declare_queue("compete", visibility_timeout=60)
+    await q.send_batch([fairq.Outgoing(str(i)) for i in range(n)])
+    seen: collections.Counter[bytes] = collections.Counter()
+
+    async def consume(b: fairq.Broker) -> None:
+        mine = b.queue("compete")
+        empty = 0
+        while empty < 3:
+            got = await mine.receive(max_messages=7, wait=0.3)
+            if not got:
+                empty += 1
+                continue
+            empty = 0
+            seen.update(m.body for m in got)
+            await mine.ack_batch([m.receipt for m in got])
+
+    await asyncio.wait_for(
+        asyncio.gather(*(consume(b) for b in (live_broker, other) for _ in range(2))), 60
+    )
+    assert len(seen) == n and max(seen.values()) == 1
