@@ -1008,6 +1008,23 @@ async def test_rule8_drop_oldest_of_visible_messages(live_broker: fairq.Broker) 
     assert dead.attributes["fairq.source"] == "ring-v"
 
 
+@pytest.mark.requires("overflow.drop_oldest.priority")
+async def test_rule8_drop_oldest_drops_the_oldest_not_the_first_in_line(
+    live_broker: fairq.Broker,
+) -> None:
+    """With priorities the first in line is the highest priority: the oldest visible
+    message is dropped all the same."""
+    q = await live_broker.declare_queue(
+        "ring-p", max_length=2, overflow="drop_oldest", max_priority=5
+    )
+    await q.send(b"old-low", priority=0)
+    await q.send(b"young-high", priority=5)
+    await q.send(b"new", priority=0)
+    (dead,) = await live_broker.queue("ring-p.dlq").receive(wait=2)
+    assert (dead.body, dead.attributes["fairq.reason"]) == (b"old-low", "overflow")
+    assert await bodies(await q.receive(max_messages=10)) == [b"young-high", b"new"]
+
+
 async def test_purge_removes_visible_and_leased(broker: fairq.Broker) -> None:
     q = await broker.declare_queue("purge2")
     await q.send_batch([Outgoing(str(i)) for i in range(3)])

@@ -35,6 +35,9 @@ class AmqpBackend(AmqpAttention):
         "per-group leases",
         "overflow.block": "overflow='block' raises Unsupported; 'reject' is x-overflow "
         "reject-publish, 'drop_oldest' is drop-head",
+        "overflow.drop_oldest.priority": "overflow='drop_oldest' with max_priority > 0 raises "
+        "Unsupported: drop-head drops a priority queue's highest-priority message, not its "
+        "oldest",
         "bounded.in_flight": "x-max-length counts ready messages only: leased (unacked) "
         "messages take no room, and drop-head never waits for visible ones",
         "bounded.atomic": "a bounded queue refuses messages one by one: a batch that fills it "

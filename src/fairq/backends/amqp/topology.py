@@ -107,6 +107,12 @@ def queue_arguments(name: str, config: QueueConfig, classic: bool = False) -> di
             "overflow='block' is not available on RabbitMQ: use 'reject' (reject-publish) or "
             "'drop_oldest' (drop-head) (capability 'overflow.block')"
         )
+    if config.max_length is not None and config.overflow == "drop_oldest" and config.max_priority:
+        raise Unsupported(
+            "overflow='drop_oldest' with priorities is not available on RabbitMQ: drop-head "
+            "drops the head of a priority queue, its highest-priority message, not the oldest "
+            "(capability 'overflow.drop_oldest.priority')"
+        )
     ttl = math.ceil(config.retention * 1000)
     if ttl > MAX_TTL_MS:
         raise Unsupported(
