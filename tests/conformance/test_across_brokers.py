@@ -121,3 +121,55 @@ async def test_competing_brokers_receive_each_message_once(
         asyncio.gather(*(consume(b) for b in (live_broker, other) for _ in range(2))), 60
     )
     assert len(seen) == n and max(seen.values()) == 1
+
+
+async def test_one_dedup_id_sent_at_once_from_two_brokers_is_stored_once(
+    live_broker: fairq.Broker, other: fairq.Broker
+) -> None:
+    q = await live_broker.declare_queue("dedup-race")
+    for r in range(5):
+        ids = await asyncio.gather(
+            *(
+                b.queue("dedup-race").send(f"x{r}", dedup_id=f"k{r}")
+                for b in (live_broker, other)
+                for _ in range(3)
+            )
+        )
+        assert len(set(ids)) == 1, f"round {r}: {len(set(ids))} messages stored for one dedup id"
+    assert (await q.stats()).sent == 5
+
+
+@pytest.mark.requires("overflow.block")
+async def test_another_brokers_ack_wakes_a_blocked_send(
+    live_broker: fairq.Broker, other: fairq.Broker
+) -> None:
+    q = await live_broker.declare_queue("full", max_length=1, overflow="block")
+    await q.send(b"1")
+    blocked = asyncio.create_task(q.send(b"2", timeout=10))
+    await asyncio.sleep(0.3)
+    assert not blocked.done()
+    (m,) = await other.queue("full").receive()
+    await m.ack()
+    started = time.monotonic()
+    await asyncio.wait_for(blocked, 10)
+    assert time.monotonic() - started < 2.0
+
+
+async def test_two_brokers_running_a_rooms_admitter_admit_at_its_rate_not_twice(
+    live_broker: fairq.Broker, other: fairq.Broker
+) -> None:
+    """SPEC §8 rule 5: one admitter per room, wherever ``run_admitter`` runs."""
+    room = await live_broker.waiting_room("sale", admit_rate=50.0)
+    await room.join_many([f"f{i}" for i in range(1000)])
+    rooms = (room, await other.room("sale"))
+    tasks = [asyncio.create_task(r.run_admitter()) for r in rooms]
+    try:
+        await asyncio.sleep(0.5)
+        before, started = (await room.stats()).admitted, time.monotonic()
+        await asyncio.sleep(2.0)
+        admitted, seconds = (await room.stats()).admitted - before, time.monotonic() - started
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    assert 0 < admitted <= 50.0 * seconds * 1.3 + 5, f"{admitted} admitted in {seconds:.1f} s"
