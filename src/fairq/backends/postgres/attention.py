@@ -319,24 +319,15 @@ async def extend(b: PostgresBackend, domain: str, token: str) -> bool:
 
 
 async def _count(t: Txn, domain: str, token: str, key: str, n: int) -> None:
-    """``n`` acked messages of the slice ``token`` counted for ``key`` now, and remembered
-    with the slice (``att_slices.counted``, migration 12: its end counts only the rest).
-    One statement; when the slice has ended already (its token expired), the domain's
-    count takes them. The only other step that locks these rows together is the end of
-    this same slice, which the worker sends after its acks, or the sweep of it once its
-    token expired; a deadlock with that sweep is retried whole by the pool."""
+    """``n`` acked messages of the slice ``token`` counted (``att_count``, migration 15): in
+    the slice's row (``att_slices.counted``) while it runs — its end, or the sweep once its
+    token expired, adds them to its key and the domain; :func:`.attention_keys.key_stats`
+    adds running slices' to their key — and, when the slice has ended already, for the key
+    and the domain now. The slice's row is its own: the acks of a key's other slices never
+    wait on it, as they waited on the key's row while an ack's commit flushed the WAL."""
     if n <= 0:
         return
-    await t.cur.execute(
-        f"WITH k AS (UPDATE {t.s}.att_keys SET processed = processed + %s WHERE key = %s "
-        f"AND domain_id = (SELECT id FROM {t.s}.att_domains WHERE name = %s)), "
-        f"l AS (UPDATE {t.s}.att_slices SET counted = counted + %s WHERE token = %s "
-        "RETURNING 1) "
-        # a slice ended already (its token expired): the domain's count now
-        f"UPDATE {t.s}.att_domains SET processed = processed + %s WHERE name = %s "
-        "AND NOT EXISTS (SELECT 1 FROM l)",
-        (n, key, domain, n, token, n, domain),
-    )
+    await t.cur.execute(f"SELECT {t.s}.att_count(%s, %s, %s, %s)", (domain, token, key, n))
 
 
 async def count(b: PostgresBackend, domain: str, token: str, key: str, n: int) -> None:

@@ -142,7 +142,10 @@ async def key_stats(b: PostgresBackend, domain: str, top: int) -> list[KeyStats]
     async def go(t: Txn) -> list[KeyStats]:
         d = await begin(t, domain)
         await t.cur.execute(
-            "SELECT k.key, k.tenant, k.plan, k.state, k.queue, k.active, k.pending, k.processed, "
+            "SELECT k.key, k.tenant, k.plan, k.state, k.queue, k.active, k.pending, k.processed "
+            # what running slices' acks counted so far (their end adds it to the key's row)
+            f"+ coalesce((SELECT sum(l.counted) FROM {t.s}.att_slices l "
+            "WHERE l.domain_id = k.domain_id AND l.key = k.key), 0), "
             f"coalesce((SELECT sum(c.depth) FROM {t.s}.counts c JOIN {t.s}.queues q "
             "ON q.id = c.queue_id WHERE q.name = k.queue), 0) AS depth "
             f"FROM {t.s}.att_keys k WHERE k.domain_id = %s ORDER BY depth DESC, k.key LIMIT %s",
