@@ -306,5 +306,5 @@ class Attention:
             await self._backend.attention_end(self.name, s.token, processed, retry_at)
             return []
         return await self._backend.attention_finish(
-            self.name, s.token, processed, retry_at, s.queue, [m.receipt for m in acks]
+            self.name, s.token, processed, retry_at, s.queue, [m.receipt for m in acks], s.key
         )

@@ -5,6 +5,7 @@ clock; the last ones run real workers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 from collections import Counter
@@ -416,6 +417,39 @@ async def test_a_dead_slice_keeps_the_count_of_what_it_acked(
     st = await a.stats()
     (key,) = await a.key_stats()
     assert (st.processed, key.processed) == (4, 4)
+
+
+async def test_a_worker_killed_between_the_last_acks_and_the_end_leaves_them_counted(
+    broker: fairq.Broker, clock: fairq.ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slice's end carries its last acks. Where the engine cannot do both in one step,
+    the acks go first, acked and counted together as any batch of a slice's acks, so a
+    worker killed before the end leaves them counted (they were acked: they never come
+    back to count later). Before, PostgreSQL and SQLite acked them with a plain ack, and
+    such a kill left them out of processed for good."""
+    plans = {"basic": Plan(1, 10, 20.0)}
+    a = await domain(broker, plans=plans, slice_lease=10, queue_options={"visibility_timeout": 60})
+    await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(3)])
+    s = await a._take(0)
+    assert s is not None
+    msgs, _ = await a._receive(s, 3, None)
+    assert await a._progress(s, msgs[:2]) == []
+
+    async def killed(*args: object) -> None:
+        raise RuntimeError("the worker was killed here")
+
+    # an engine that does the acks and the end in one step (Redis) never calls
+    # attention_end: it does both or neither, and here both
+    monkeypatch.setattr(broker.backend, "attention_end", killed)
+    with contextlib.suppress(RuntimeError):
+        await a._end(s, 3, None, msgs[2:])
+    monkeypatch.undo()
+    clock.advance(11)  # the dead slice's token runs out; the next step sweeps it
+    assert await a._take(0) is None
+    st = await a.stats()
+    (key,) = await a.key_stats()
+    acked = (await (await a.queue("k")).stats()).acked
+    assert (st.processed, key.processed, st.slices) == (acked, acked, 0), (st, key, acked)
 
 
 async def test_acks_after_the_token_expired_count_for_the_key_and_the_domain(

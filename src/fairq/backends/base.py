@@ -463,11 +463,17 @@ class Backend(ABC):
         retry_at: float | None,
         queue: str,
         receipts: list[str],
+        key: str,
     ) -> list[str]:
-        """Ack ``receipts`` (the slice's last handled messages, of its ``queue``), then
+        """Ack ``receipts`` (the slice's last handled messages, of ``key``'s ``queue``), then
         :meth:`attention_end`; return the receipts that were not current leases. An engine
-        may do both in one step (Redis: one script); the default makes the two calls."""
-        lost = await self.ack(queue, receipts) if receipts else []
+        may do both in one step (Redis: one script). The default makes two calls, the acks
+        as :meth:`attention_progress` (acked and counted in one step), so a worker that dies
+        between the two leaves what they acked counted, as it does between any two batches
+        of a slice's acks (a plain ack there left them acked and never counted)."""
+        lost = (
+            await self.attention_progress(domain, token, key, queue, receipts) if receipts else []
+        )
         await self.attention_end(domain, token, processed, retry_at)
         return lost
 

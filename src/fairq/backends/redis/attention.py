@@ -416,6 +416,7 @@ class RedisAttention(AttentionReads):
         retry_at: float | None,
         queue: str,
         receipts: list[str],
+        key: str = "",
     ) -> list[str]:
         _, sh = await self._domain(domain)
         shard = shard_of_token(token)
