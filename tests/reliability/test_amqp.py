@@ -345,3 +345,29 @@ async def test_a_lease_that_runs_out_while_the_store_is_away_comes_back(
     finally:
         store.stop()
     assert "Traceback" not in caplog.text
+
+
+async def test_plain_sends_go_on_while_the_store_is_away(tmp_path: Path) -> None:
+    """The store holds queues' configurations and attention tickets; while it is down, a
+    plain send uses what was last read of both (a send more than 2 s after the last read
+    failed: whether the queue is an attention work queue was asked of the store again)."""
+    from redis_servers import RedisServer
+
+    store = RedisServer(tmp_path, None, "--appendonly", "yes", "--appendfsync", "always").start()
+    try:
+        with rabbit_vhost() as vhost:
+            url = f"amqp://guest:guest@127.0.0.1:5672/{vhost}?store={store.url}"
+            async with await fairq.connect(url) as broker:
+                q = await broker.declare_queue("plain")
+                await q.send(b"before")
+                await asyncio.to_thread(store.kill)
+                try:
+                    await asyncio.sleep(2.5)  # past the caches' 2 s
+                    await q.send(b"during")
+                finally:
+                    await asyncio.to_thread(store.start)
+                got = await q.receive(max_messages=5, wait=5)
+                assert sorted(m.body for m in got) == [b"before", b"during"]
+                await q.ack_batch([m.receipt for m in got])
+    finally:
+        store.stop()

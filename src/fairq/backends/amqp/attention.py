@@ -258,6 +258,12 @@ class AmqpAttention(AmqpTopics):
             found = True
         except QueueNotFound:
             found = False
+        except ConnectionError:
+            if hit is None:
+                raise
+            # the store is away: what was last known (as for a queue's configuration), so
+            # plain sends go on meanwhile
+            return hit[0]
         self._ticketed[queue] = (found, now)
         return found
 
