@@ -173,3 +173,35 @@ async def test_two_brokers_running_a_rooms_admitter_admit_at_its_rate_not_twice(
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     assert 0 < admitted <= 50.0 * seconds * 1.3 + 5, f"{admitted} admitted in {seconds:.1f} s"
+
+
+async def test_a_slow_receiver_that_keeps_asking_leaves_the_rest_to_another_broker(
+    live_broker: fairq.Broker, other: fairq.Broker
+) -> None:
+    """One broker takes one message every 0.2 s, never idle for long; the other long-polls
+    for ten at a time and gets the rest at once (a consumer with the URL's prefetch of 200
+    held the backlog for the slow one: the other's polls came back empty)."""
+    q = await live_broker.declare_queue("slow-and-fast", visibility_timeout=60)
+    await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(60)])
+    slow: list[bytes] = []
+    fast: list[bytes] = []
+
+    async def one_at_a_time() -> None:
+        for _ in range(15):
+            for m in await q.receive():
+                slow.append(m.body)
+                await m.ack()
+            await asyncio.sleep(0.2)
+
+    async def ten_at_a_time() -> None:
+        await asyncio.sleep(0.5)  # the slow one's consumer is running by then
+        mine = other.queue("slow-and-fast")
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and len(slow) + len(fast) < 60:
+            got = await mine.receive(max_messages=10, wait=0.5)
+            fast.extend(m.body for m in got)
+            await mine.ack_batch([m.receipt for m in got])
+
+    await asyncio.wait_for(asyncio.gather(one_at_a_time(), ten_at_a_time()), 30)
+    assert len(slow) + len(fast) == len(set(slow + fast))
+    assert len(fast) >= 40, f"the fast broker got {len(fast)}, the slow one {len(slow)}"

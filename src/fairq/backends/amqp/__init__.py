@@ -38,8 +38,8 @@ class AmqpBackend(AmqpAttention):
         "overflow.drop_oldest.priority": "overflow='drop_oldest' with max_priority > 0 raises "
         "Unsupported: drop-head drops a priority queue's highest-priority message, not its "
         "oldest",
-        "bounded.in_flight": "x-max-length counts ready messages only: leased (unacked) "
-        "messages take no room, and drop-head never waits for visible ones",
+        "bounded.in_flight": "x-max-length counts ready messages only: leased and prefetched "
+        "(unacked) messages take no room, and drop-head never waits for visible ones",
         "bounded.atomic": "a bounded queue refuses messages one by one: a batch that fills it "
         "midway is stored in part (QueueFull says how many); a batch larger than max_length "
         "is refused whole",
@@ -47,6 +47,9 @@ class AmqpBackend(AmqpAttention):
         "queues); fairq.ManualClock does not move them",
         "clock.retention": "retention is x-message-ttl: RabbitMQ's clock expires messages "
         "(and restarts a message's retention when it comes back from a delay)",
+        "stats.broker_dead_letters": "what RabbitMQ dead-letters by itself (retention's "
+        "x-message-ttl, drop_oldest's drop-head) is not counted in the source queue's expired "
+        "or dead_lettered (fairq sees it only when the dead-letter queue is read)",
         "stats.delayed": "delayed messages wait in the shared delay queues: stats count them "
         "as neither delayed nor visible until they arrive",
         "stats.process": "in_flight and oldest_age count this process's leases and "

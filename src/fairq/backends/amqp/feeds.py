@@ -43,6 +43,8 @@ log = logging.getLogger("fairq.amqp")
 
 Delivered = Any  # aiormq.abc.DeliveredMessage
 _RETURN_WAIT = 0.25  # seconds stats wait for a nacked-back delivery to come back
+_GAP_MAX = 10.0  # a gap between receives counts at most this long in the average
+_IDLE_MAX = 5.0  # a process that asked nothing for this long is idle on the queue
 
 
 @dataclass(slots=True, eq=False)
@@ -112,6 +114,22 @@ class Feed:
     #: consumer's deliveries go back to the queue (``AmqpLeases._release_idle``)
     asked_at: float = 0.0
     asked_most: int = 0
+    #: since when (loop time) ``held`` has not been empty
+    held_since: float = 0.0
+    #: the usual time between two receives (a moving average), 0.0 until there were two
+    gap: float = 0.0
+
+    def asked(self, now: float) -> None:
+        """A receive asks for messages of the queue now."""
+        if self.asked_at:
+            gap = min(now - self.asked_at, _GAP_MAX)
+            self.gap = gap if not self.gap else 0.8 * self.gap + 0.2 * gap
+        self.asked_at = now
+
+    def idle_after(self, least: float) -> float:
+        """Seconds without a receive after which this process is idle on the queue: at
+        least ``least``, three times the usual gap between its receives, at most 5 s."""
+        return min(_IDLE_MAX, max(least, 3 * self.gap))
 
     @property
     def key(self) -> str:
@@ -172,6 +190,8 @@ class Feed:
 
     async def _deliver(self, message: Delivered) -> None:
         if message.channel is self.channel:
+            if not self.held:
+                self.held_since = asyncio.get_running_loop().time()
             self.held.append(message)
             self.unsettled.add(message.delivery.delivery_tag)
             mid = message.header.properties.message_id
@@ -285,6 +305,8 @@ class Feed:
                 self.give_back(ch, got.delivery.delivery_tag)
                 return
             self.unsettled.add(got.delivery.delivery_tag)
+            if not self.held:
+                self.held_since = asyncio.get_running_loop().time()
             self.held.appendleft(got)
             self.on_delivery(self.queue)
 

@@ -27,6 +27,9 @@ log = logging.getLogger("fairq.amqp")
 _ID_MASK = 2**63 - 1  # a receipt's first part: the message id, as 16 hex digits
 #: seconds without a receive after which a queue's consumer gives back what it holds
 FEED_IDLE = 0.5
+#: seconds a consumer's buffer may stay non-empty while receives go on before what it
+#: holds beyond one receive's worth goes back
+SLOW_HELD = 2.0
 
 
 class AmqpLeases(AmqpCore):
@@ -83,10 +86,10 @@ class AmqpLeases(AmqpCore):
         # dies; the worker waits for the push instead (the delivery wakes it)
         windowed = queue in self._windows
         if not windowed:
-            feed.asked_at = asyncio.get_running_loop().time()
+            feed.asked(asyncio.get_running_loop().time())
             feed.asked_most = max(feed.asked_most, max_messages)
             wanted = min(self.url.prefetch, max_messages)
-            if feed.prefetch < wanted:  # cut by an idle release: asked for more now
+            if feed.prefetch < wanted:  # cut by a release (below): asked for more now
                 await feed.resize(wanted)
         await feed.start()
         vt = config.visibility_timeout if visibility_timeout is None else visibility_timeout
@@ -124,7 +127,7 @@ class AmqpLeases(AmqpCore):
         if not self._idle_check:
             self._idle_check = True
             loop = asyncio.get_running_loop()
-            wait = max(0.0, feed.asked_at + FEED_IDLE - loop.time())
+            wait = max(0.0, feed.asked_at + feed.idle_after(FEED_IDLE) - loop.time())
             loop.call_later(wait + 0.001, self._check_idle)
 
     def _check_idle(self) -> None:
@@ -132,15 +135,24 @@ class AmqpLeases(AmqpCore):
         self._kick.set()
 
     async def _release_idle(self) -> None:
-        """Give back what idle consumers hold. A consumer keeps being pushed deliveries up
-        to its prefetch whether or not this process asks for more, and those are out of
-        every other process's reach (a message this process nacked or let expire often
-        comes straight back to it, too): once no receive has asked for a queue for
-        ``FEED_IDLE`` seconds, its consumer is cancelled and what it held goes back to
-        the queue, as copies with their attempts so far (a plain requeue would count one
-        more on a quorum queue). It consumes again at the next receive, with a prefetch of
-        the most that one receive asked for meanwhile (a process receiving one at a time
-        then holds one, not 200), back up to the URL's when a receive asks for more."""
+        """Give back what consumers hold beyond what their process asks for. A consumer is
+        pushed deliveries up to its prefetch (the URL's, 200) whether or not its process
+        asks for more, and those are out of every other process's reach; a message this
+        process nacked or let expire often comes straight back to it, too. So:
+
+        * once no receive has asked for a queue for ``FEED_IDLE`` seconds (or three times
+          the usual gap between its receives, up to 5 s: a process that asks every 0.6 s is
+          not idle between two asks), its consumer is cancelled and all it held goes back
+          to the queue;
+        * when receives go on but the buffer has not been empty for ``SLOW_HELD`` seconds
+          (a process that takes one message now and then), the consumer is cancelled and
+          what it held beyond one receive's worth goes back.
+
+        Back means as copies with their attempts so far (a plain requeue would count one
+        more on a quorum queue), at the back of the queue. The consumer starts again at the
+        next receive with a prefetch of the most one receive asked for meanwhile (so it
+        holds one receive's worth from then on), back up to the URL's when a receive asks
+        for more."""
         now = asyncio.get_running_loop().time()
         for feed in list(self._feeds.values()):
             if (
@@ -148,15 +160,19 @@ class AmqpLeases(AmqpCore):
                 or not feed.consume
                 or feed.consumer_tag is None
                 or feed.queue in self._windows
-                or now - feed.asked_at < FEED_IDLE
                 or not feed.live()
             ):
                 continue
+            idle = now - feed.asked_at >= feed.idle_after(FEED_IDLE)
+            if not idle and now - feed.held_since < SLOW_HELD:
+                continue
+            keep = 0 if idle else max(1, feed.asked_most)
             feed.prefetch = max(1, min(self.url.prefetch, feed.asked_most))
             feed.asked_most = 0
             generation = feed.generation
             held = await feed.stop()
-            for delivered in held:
+            feed.held.extend(held[:keep])  # still unacked on the channel: this process's
+            for delivered in held[keep:]:
                 if not feed.live() or feed.generation != generation:
                     break  # the channel closed: the broker has them back already
                 await self._put_back(feed, delivered)
