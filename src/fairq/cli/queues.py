@@ -318,10 +318,13 @@ def redrive(
             if limit is not None:
                 total = min(total, limit)
             moved = 0
+            # what is there now, at most: a message dead-lettered again while this runs
+            # (a worker rejecting it at once) is not moved a second time — looping until a
+            # step moved nothing re-ran a poison message five times in one command
             with _progress() as progress:
                 task = progress.add_task(f"redriving {queue}", total=total)
-                while limit is None or moved < limit:
-                    step = 1000 if limit is None else min(1000, limit - moved)
+                while moved < total:
+                    step = min(1000, total - moved)
                     n = await broker.redrive(queue, to=to, limit=step)
                     if n == 0:
                         break
