@@ -397,7 +397,14 @@ class Writer:
             self._busy_since = now
         elif now - self._busy_since > self._busy_timeout:
             self._busy_since = None
-            self._fail_pending(exc)
+            # out of reach, as a server that does not answer is: a Worker waits it out
+            # (a sqlite3 shell left in a transaction, a process frozen holding the lock)
+            err = ConnectionError(
+                f"sqlite:///{self.path}: another process held the write lock for more than "
+                f"busy_timeout ({self._busy_timeout:g} s): {exc}"
+            )
+            err.__cause__ = exc
+            self._fail_pending(err)
             return
         self._scheduled = True
         turns = self._turns
