@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -59,6 +60,14 @@ _CHECKPOINT_IDLE = 2.0  # seconds after which what little was committed is copie
 # 4 KB pages) the checkpointer follows its PASSIVE pass with a RESTART one: it copies the
 # few frames left while holding off writers, then the next commit starts the WAL over.
 _RESTART_FRAMES = 16384
+# ... and a WAL this large is copied back whatever the number of commits: a few big
+# batches write thousands of frames each and never reach _CHECKPOINT_COMMITS (back-to-back
+# batches of 20,000 grew a WAL to 2 GB). os.stat of the -wal file opens nothing (no lock
+# of SQLite's is touched).
+_CHECKPOINT_BYTES = 16 * 1024 * 1024
+# After a checkpoint let the WAL start over, SQLite cuts the file down to this size (it
+# only ever reuses a WAL file, so one burst left it at its largest for good)
+_JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
 _RESTART_WAIT_MS = 20  # the longest a RESTART checkpoint waits for the lock or readers
 # A small receive or ack leaves its counters uncounted (schema.sql); a transaction settles
 # them (messages.settle) once this writer has left this many, or when this long has passed
@@ -163,6 +172,7 @@ class Writer:
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute("PRAGMA cache_size = -32000")
+        conn.execute(f"PRAGMA journal_size_limit = {int(_JOURNAL_SIZE_LIMIT)}")
         return conn
 
     async def open(self) -> None:
@@ -209,7 +219,11 @@ class Writer:
                 quiet = quiet + _CHECKPOINT_EVERY if commits == seen else 0.0
                 seen = commits
                 new = commits - done
-                if new < _CHECKPOINT_COMMITS and not (new and quiet >= _CHECKPOINT_IDLE):
+                if (
+                    new < _CHECKPOINT_COMMITS
+                    and not (new and quiet >= _CHECKPOINT_IDLE)
+                    and not (new and self._wal_bytes() >= _CHECKPOINT_BYTES)
+                ):
                     continue
                 done = commits
                 try:
@@ -223,6 +237,12 @@ class Writer:
             pass
         finally:
             conn.close()
+
+    def _wal_bytes(self) -> int:
+        try:
+            return os.stat(f"{self.path}-wal").st_size
+        except OSError:
+            return 0
 
     def _autocheckpoint(self) -> None:
         if self.conn is not None:
