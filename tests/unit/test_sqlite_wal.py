@@ -82,3 +82,12 @@ async def test_big_batches_back_to_back_keep_the_wal_small(
             await asyncio.sleep(0.01)  # room for the checkpointer thread on a busy machine
     # measured: at most ~18 MB (the checkpointer looks every 0.1 s); before, 400 MB in 3 s
     assert largest < 64 * 1024 * 1024, f"the WAL reached {largest / 1e6:.0f} MB"
+
+
+async def test_a_percent_encoded_path_names_the_file_it_decodes_to(tmp_path: Path) -> None:
+    """``%20`` in a ``sqlite://`` URL is a space, as in any URL (it was looked for as the
+    three characters, and a directory "with%20space" did not exist)."""
+    (tmp_path / "with space").mkdir()
+    async with await fairq.connect(f"sqlite:///{tmp_path}/with%20space/a%20b.db") as broker:
+        await broker.declare_queue("q")
+    assert (tmp_path / "with space" / "a b.db").exists()

@@ -7,7 +7,7 @@ another one (RabbitMQ's ``?store=``), which is why it lives below the seam.
 from __future__ import annotations
 
 import re
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from ..clock import Clock
 from ..errors import ConnectionError
@@ -85,6 +85,7 @@ def open_backend(url: str, clock: Clock) -> Backend:
         from .sqlite import SQLiteBackend
 
         path = parts.path[1:] if parts.path.startswith("/") else parts.path
+        path = unquote(path)  # a URL's %20 is a space in the file's name
         if parts.netloc:
             raise ConnectionError(
                 f"cannot open {mask_url(url)!r}: write sqlite:///relative/path.db or "
