@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -25,6 +26,7 @@ from ...errors import (
     BackendError,
     ConfigConflict,
     ConnectionError,
+    FairqError,
     InvalidMessage,
     InvalidOption,
     QueueNotFound,
@@ -103,6 +105,33 @@ class _OpeningFailures(logging.Filter):
 
 _opening_failures = _OpeningFailures()
 logging.getLogger("aiormq.connection").addFilter(_opening_failures)
+
+
+class _Repeats(logging.Filter):
+    """While RabbitMQ is away, aio-pika and aiormq log each reconnect attempt (every 0.5 s,
+    at ERROR, WARNING and INFO, with tracebacks): a hundred lines a worker for a 16 s
+    outage. Each of their messages is let through once per ``every`` seconds; fairq's own
+    lines say when the broker went away and when it is back."""
+
+    def __init__(self, every: float = 60.0) -> None:
+        super().__init__()
+        self.every = every
+        self._last: dict[tuple[str, object], float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = (record.name, record.msg)
+        now = time.monotonic()
+        if now - self._last.get(key, -self.every) < self.every:
+            return False
+        if len(self._last) > 1000:
+            self._last.clear()
+        self._last[key] = now
+        return True
+
+
+_REPEATS = _Repeats()
+for _name in ("aio_pika.robust_connection", "aio_pika.connection", "aiormq.connection"):
+    logging.getLogger(_name).addFilter(_REPEATS)
 
 
 def _open_failed(url: AmqpUrl, exc: BaseException) -> ConnectionError:
@@ -221,6 +250,8 @@ def parse_url(url: str) -> AmqpUrl:
 
 def raise_driver_error(exc: BaseException, what: str, masked: str) -> NoReturn:
     """Raise the fairq error for a driver exception met while doing ``what``."""
+    if isinstance(exc, FairqError):  # fairq's own (its ConnectionError is an OSError too)
+        raise exc
     if isinstance(exc, aiormq.exceptions.ChannelNotFoundEntity):
         raise QueueNotFound(what) from exc
     if isinstance(exc, aiormq.exceptions.ChannelPreconditionFailed):
