@@ -91,3 +91,8 @@ async def test_a_percent_encoded_path_names_the_file_it_decodes_to(tmp_path: Pat
     async with await fairq.connect(f"sqlite:///{tmp_path}/with%20space/a%20b.db") as broker:
         await broker.declare_queue("q")
     assert (tmp_path / "with space" / "a b.db").exists()
+
+
+async def test_a_directory_for_a_file_says_so(tmp_path: Path) -> None:
+    with pytest.raises(fairq.ConnectionError, match="a directory: name a file in it"):
+        await fairq.connect(f"sqlite:///{tmp_path}")

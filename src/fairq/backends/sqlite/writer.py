@@ -183,7 +183,9 @@ class Writer:
         except (sqlite3.Error, OSError, FairqError) as exc:
             where = Path(self.path)
             hint = ""
-            if not where.parent.exists():
+            if where.is_dir():
+                hint = f" (a directory: name a file in it, e.g. sqlite:///{where / 'fairq.db'})"
+            elif not where.parent.exists():
                 hint = f" (directory {str(where.parent)!r} does not exist"
                 if not where.is_absolute() and (Path("/") / where).parent.is_dir():
                     # sqlite:///tmp/x.db is tmp/x.db here; the absolute path takes four
