@@ -89,6 +89,21 @@ def engine_error(exc: BaseException) -> BaseException:
     return exc
 
 
+def _open_hint(path: str) -> str:
+    """Why a file could not be opened, when the path says it: a directory, or a directory
+    that does not exist (with the four-slash URL of an absolute path that would)."""
+    where = Path(path)
+    if where.is_dir():
+        return f" (a directory: name a file in it, e.g. sqlite:///{where / 'fairq.db'})"
+    if where.parent.exists():
+        return ""
+    hint = f" (directory {str(where.parent)!r} does not exist"
+    if not where.is_absolute() and (Path("/") / where).parent.is_dir():
+        # sqlite:///tmp/x.db is tmp/x.db here; the absolute path takes four
+        hint += f"; for the absolute path /{path} write sqlite:////{path}"
+    return hint + ")"
+
+
 def _is_busy(exc: sqlite3.OperationalError) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is not None:
@@ -181,16 +196,7 @@ class Writer:
             # schema set-up may wait for another process: do it off the loop, with waiting
             self.conn = await asyncio.to_thread(self._open_conn)
         except (sqlite3.Error, OSError, FairqError) as exc:
-            where = Path(self.path)
-            hint = ""
-            if where.is_dir():
-                hint = f" (a directory: name a file in it, e.g. sqlite:///{where / 'fairq.db'})"
-            elif not where.parent.exists():
-                hint = f" (directory {str(where.parent)!r} does not exist"
-                if not where.is_absolute() and (Path("/") / where).parent.is_dir():
-                    # sqlite:///tmp/x.db is tmp/x.db here; the absolute path takes four
-                    hint += f"; for the absolute path /{self.path} write sqlite:////{self.path}"
-                hint += ")"
+            hint = _open_hint(self.path)
             raise ConnectionError(f"cannot open sqlite:///{self.path}{hint}: {exc}") from exc
         self.conn.execute("PRAGMA busy_timeout = 0")  # from now on: retried off the loop
         self.conn.execute("PRAGMA wal_autocheckpoint = 0")  # the checkpointer thread does it
