@@ -62,6 +62,9 @@ class AmqpBackend(AmqpAttention):
         "can settle it; a frozen process (SIGSTOP, a paused VM) keeps its leases until "
         "RabbitMQ drops it for missed heartbeats (10 s: about 30 s), whatever their "
         "visibility timeout",
+        "order.released": "what a process's consumer held and gave back (its process asked "
+        "for nothing for a while, or for fewer than it was pushed) goes back as copies at "
+        "the back of the queue, behind messages sent later",
         "order.ties": "a message that becomes visible again (nack, lease end) at the same "
         "instant as a later send goes behind it: RabbitMQ queues by arrival (only a frozen "
         "fairq.ManualClock makes such ties)",

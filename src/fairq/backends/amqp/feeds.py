@@ -114,10 +114,20 @@ class Feed:
     #: consumer's deliveries go back to the queue (``AmqpLeases._release_idle``)
     asked_at: float = 0.0
     asked_most: int = 0
-    #: since when (loop time) ``held`` has not been empty
-    held_since: float = 0.0
+    #: when each delivery the consumer pushed arrived (loop time), by delivery tag
+    arrived: dict[int, float] = field(default_factory=dict)
     #: the usual time between two receives (a moving average), 0.0 until there were two
     gap: float = 0.0
+
+    def held_for(self, now: float) -> float:
+        """How long the first delivery in the buffer (the next a receive takes) has waited
+        there: long when this process takes fewer than its consumer is pushed."""
+        if not self.held:
+            return 0.0
+        arrived = self.arrived
+        if len(arrived) > 2 * len(self.unsettled) + 64:  # settled ones: forget them
+            self.arrived = {t: at for t, at in arrived.items() if t in self.unsettled}
+        return now - self.arrived.get(int(self.held[0].delivery.delivery_tag), now)
 
     def asked(self, now: float) -> None:
         """A receive asks for messages of the queue now."""
@@ -156,6 +166,7 @@ class Feed:
                     await self._consume(self.channel)
                 return self.channel
             self.held.clear()  # whatever the old channel held went back to the queue
+            self.arrived.clear()
             self.leases = 0
             self.unsettled.clear()
             self._acks.clear()
@@ -190,8 +201,7 @@ class Feed:
 
     async def _deliver(self, message: Delivered) -> None:
         if message.channel is self.channel:
-            if not self.held:
-                self.held_since = asyncio.get_running_loop().time()
+            self.arrived[int(message.delivery.delivery_tag)] = asyncio.get_running_loop().time()
             self.held.append(message)
             self.unsettled.add(message.delivery.delivery_tag)
             mid = message.header.properties.message_id
@@ -305,8 +315,6 @@ class Feed:
                 self.give_back(ch, got.delivery.delivery_tag)
                 return
             self.unsettled.add(got.delivery.delivery_tag)
-            if not self.held:
-                self.held_since = asyncio.get_running_loop().time()
             self.held.appendleft(got)
             self.on_delivery(self.queue)
 
@@ -440,6 +448,8 @@ class Feed:
                 log.debug("could not cancel the consumer of %s", self.queue, exc_info=True)
         self.consumer_tag = None  # start() consumes again
         self._holding = False
+        if self._acks and self._acking is None:  # the acks held meanwhile go out now
+            self._acking = asyncio.get_running_loop().create_task(self._send_acks())
         held = list(self.held)
         self.held.clear()
         return held

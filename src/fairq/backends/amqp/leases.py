@@ -144,9 +144,11 @@ class AmqpLeases(AmqpCore):
           the usual gap between its receives, up to 5 s: a process that asks every 0.6 s is
           not idle between two asks), its consumer is cancelled and all it held goes back
           to the queue;
-        * when receives go on but the buffer has not been empty for ``SLOW_HELD`` seconds
-          (a process that takes one message now and then), the consumer is cancelled and
-          what it held beyond one receive's worth goes back.
+        * when receives go on but the next delivery in the buffer has waited there for
+          ``SLOW_HELD`` seconds (a process that takes one message now and then; one that
+          takes them as fast as they come never has one wait), the consumer is cancelled
+          and what it held beyond one receive's worth goes back; what it kept goes back
+          too once the process stops asking.
 
         Back means as copies with their attempts so far (a plain requeue would count one
         more on a quorum queue), at the back of the queue. The consumer starts again at the
@@ -155,28 +157,22 @@ class AmqpLeases(AmqpCore):
         for more."""
         now = asyncio.get_running_loop().time()
         for feed in list(self._feeds.values()):
-            if (
-                not feed.held
-                or not feed.consume
-                or feed.consumer_tag is None
-                or feed.queue in self._windows
-                or not feed.live()
-            ):
+            if not feed.held or not feed.consume or feed.queue in self._windows or not feed.live():
                 continue
             idle = now - feed.asked_at >= feed.idle_after(FEED_IDLE)
-            if not idle and now - feed.held_since < SLOW_HELD:
-                continue
+            if not idle and (feed.consumer_tag is None or feed.held_for(now) < SLOW_HELD):
+                continue  # (a consumer cut down already keeps one receive's worth)
             keep = 0 if idle else max(1, feed.asked_most)
-            feed.prefetch = max(1, min(self.url.prefetch, feed.asked_most))
-            feed.asked_most = 0
+            if feed.consumer_tag is not None:
+                feed.prefetch = max(1, min(self.url.prefetch, feed.asked_most))
+                feed.asked_most = 0
             generation = feed.generation
             held = await feed.stop()
             feed.held.extend(held[:keep])  # still unacked on the channel: this process's
-            for delivered in held[keep:]:
-                if not feed.live() or feed.generation != generation:
-                    break  # the channel closed: the broker has them back already
-                await self._put_back(feed, delivered)
-            self.wakeups.notify([feed.queue])
+            try:
+                await self._put_back_all(feed, generation, held[keep:])
+            finally:
+                self.wakeups.notify([feed.queue])
 
     async def _lease(
         self,
@@ -522,10 +518,26 @@ class AmqpLeases(AmqpCore):
         with its attempts so far (a channel close would count one more on quorum queues)."""
         for feed in list(self._feeds.values()):
             held = await feed.stop()
-            if not held or not feed.live():
-                continue
-            for delivered in held:
+            if held and feed.live():
+                await self._put_back_all(feed, feed.generation, held)
+
+    async def _put_back_all(self, feed: Feed, generation: int, held: list[Delivered]) -> None:
+        """Put back deliveries ``feed`` held (:meth:`_put_back`); if one cannot go back
+        (the broker went away), it and the rest go back to the queue with a plain requeue,
+        or with the channel when it closes: none stays unacked out of everyone's reach."""
+        for i, delivered in enumerate(held):
+            if not feed.live() or feed.generation != generation:
+                return  # the channel closed: the broker has them back already
+            try:
                 await self._put_back(feed, delivered)
+            except Exception as exc:
+                log.warning(
+                    "could not give back %d message(s) of %s: %s", len(held) - i, feed.queue, exc
+                )
+                if feed.channel is not None and feed.live() and feed.generation == generation:
+                    for rest in held[i:]:
+                        feed.give_back(feed.channel, int(rest.delivery.delivery_tag))
+                return
 
     async def _put_back(self, feed: Feed, delivered: Delivered) -> None:
         """A delivery ``feed`` holds and nobody leased, back to its queue as a copy with
