@@ -66,8 +66,10 @@ _RESTART_FRAMES = 16384
 # of SQLite's is touched).
 _CHECKPOINT_BYTES = 16 * 1024 * 1024
 # After a checkpoint let the WAL start over, SQLite cuts the file down to this size (it
-# only ever reuses a WAL file, so one burst left it at its largest for good)
-_JOURNAL_SIZE_LIMIT = 64 * 1024 * 1024
+# only ever reuses a WAL file, so one burst left it at its largest for good). Below
+# _CHECKPOINT_BYTES, so that a file that large always holds that many new frames (a file
+# left larger by a burst would set off a checkpoint at every look)
+_JOURNAL_SIZE_LIMIT = 4 * 1024 * 1024
 _RESTART_WAIT_MS = 20  # the longest a RESTART checkpoint waits for the lock or readers
 # A small receive or ack leaves its counters uncounted (schema.sql); a transaction settles
 # them (messages.settle) once this writer has left this many, or when this long has passed
