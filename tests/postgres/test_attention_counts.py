@@ -52,3 +52,38 @@ async def test_acks_of_a_key_wait_on_no_other_slice(url: str) -> None:
         st = await a.stats()
         (key,) = await a.key_stats()
         assert (st.processed, key.processed, st.slices) == (2, 2, 0)
+
+
+async def test_slices_running_across_the_upgrade_to_migration_15_count_once(url: str) -> None:
+    """Under migration 12 a running slice's acks were counted in its key's row as well as
+    its own; migration 15 takes them out of the key's row, since the slice's end (and
+    key_stats meanwhile) now adds them. Here: a slice acks 2 under the old rules (the key's
+    row holds them), then the migration runs again over that state."""
+    from fairq.backends.postgres import migrate
+
+    async with await fairq.connect(url) as broker:
+        a = await broker.declare_attention("upgrade", plans={"basic": fairq.Plan(1, 5, 20.0)})
+        await a.publish_batch("k", [fairq.Outgoing(str(i)) for i in range(3)])
+        s = await a._take(0)
+        assert s is not None
+        msgs, _ = await a._receive(s, 3, None)
+        assert await a._progress(s, msgs[:2]) == []
+        backend: Any = broker.backend
+        schema = parse_url(url).schema
+        async with await psycopg.AsyncConnection.connect(
+            parse_url(url).conninfo, autocommit=True
+        ) as c:
+            # what migration 12's progress would have left: the key's row counts them too
+            await c.execute(
+                f'UPDATE "{schema}".att_keys SET processed = processed + 2 WHERE key = %s',
+                ("k",),
+            )
+            await c.execute(f'DELETE FROM "{schema}".migrations WHERE version = 15')
+            done = await migrate.apply(c, schema, backend.options.channel)
+            assert [m.version for m in done] == [15]
+        (key,) = await a.key_stats()
+        assert key.processed == 2
+        assert await a._progress(s, msgs[2:]) == []
+        await a._end(s, 3, None)
+        (key,) = await a.key_stats()
+        assert (key.processed, (await a.stats()).processed) == (3, 3)

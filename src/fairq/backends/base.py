@@ -468,7 +468,8 @@ class Backend(ABC):
         """Ack ``receipts`` (the slice's last handled messages, of ``key``'s ``queue``), then
         :meth:`attention_end`; return the receipts that were not current leases. An engine
         may do both in one step (Redis: one script). The default makes two calls, the acks
-        as :meth:`attention_progress` (acked and counted in one step), so a worker that dies
+        as :meth:`attention_progress` (acked and counted together: one transaction where the
+        engine has them, an ack then the store's count on RabbitMQ), so a worker that dies
         between the two leaves what they acked counted, as it does between any two batches
         of a slice's acks (a plain ack there left them acked and never counted)."""
         lost = (

@@ -12,6 +12,16 @@
 -- acks of a slice that has ended already (its token expired) still count for the key and
 -- the domain at once (att_count).
 
+-- slices running while this migration runs counted their acks so far in their key's row
+-- too (migration 12); their end now adds what they handled to the key, and key_stats adds
+-- running slices' counted to it: take those acks out of the key's row, or they would
+-- count twice. (Processes of the older version still running count in the key's row as
+-- before: stop them before the upgrade, docs/postgres.md.)
+UPDATE {schema}.att_keys k SET processed = k.processed - l.counted
+FROM (SELECT domain_id, key, sum(counted) AS counted FROM {schema}.att_slices
+      GROUP BY domain_id, key) l
+WHERE l.domain_id = k.domain_id AND l.key = k.key AND l.counted <> 0;
+
 -- n acked messages of slice tok (of key k in domain dname) counted: in the slice's row while
 -- it runs; when it has ended already, for the key and the domain now (the domain's row
 -- locked first, as takes and ends lock it before a key's)
