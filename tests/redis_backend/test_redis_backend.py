@@ -59,6 +59,7 @@ def test_url_options() -> None:
         ("redis+cluster://h:7000/2", fairq.ConnectionError),
         ("redis://h1:6379,h2:6379/0", fairq.ConnectionError),  # several hosts: Cluster only
         ("redis+cluster://h1:7000,h2:port", fairq.ConnectionError),
+        ("redis+cluster://h1:7000,", fairq.ConnectionError),  # a seed left out
     ],
 )
 def test_bad_urls(bad: str, error: type[Exception]) -> None:

@@ -107,6 +107,8 @@ def parse_url(url: str) -> RedisOptions:
         raise ConnectionError(f"cannot open {masked!r}: several hosts need redis+cluster://")
     seeds: list[tuple[str, int]] = []
     for host in hosts:
+        if not host and (cluster or len(hosts) > 1):  # "h1:7000,": a seed left out
+            raise ConnectionError(f"cannot open {masked!r}: an empty host in the host list")
         try:
             where = urlsplit(f"//{host}")
             seeds.append((where.hostname or "127.0.0.1", where.port or 6379))
@@ -222,8 +224,8 @@ def driver_error(exc: BaseException, url: str) -> NoReturn:
         # settled yet (every node answers so until a replica took over or the node is
         # back) — an outage like any other: retried by a Worker, not a fatal error
         raise ConnectionError(f"redis cluster at {url!r} is not serving now: {exc}") from exc
-    if isinstance(exc, rex.ReadOnlyError):  # a primary demoted under us (a failover)
-        raise ConnectionError(f"redis at {url!r} answered from a replica: {exc}") from exc
+    if isinstance(exc, rex.ReadOnlyError) and cluster:  # a primary demoted under us
+        raise ConnectionError(f"redis cluster at {url!r} answered from a replica: {exc}") from exc
     if isinstance(exc, rex.RedisClusterException):
         raise ConnectionError(f"redis cluster at {url!r}: {exc}") from exc
     raise BackendError(f"redis at {url!r}: {exc}") from exc
