@@ -89,21 +89,30 @@ async def test_a_long_poll_survives_a_restart(server: RedisServer) -> None:
         assert [m.body for m in got] == [b"x"]
 
 
+def _counting_worker(
+    broker: fairq.Broker,
+) -> tuple[fairq.Worker, set[bytes], asyncio.Event, asyncio.Event]:
+    """A Worker on queue "jobs" noting the bodies it handled; the events are set at 10 and
+    at 20 of them."""
+    seen: set[bytes] = set()
+    ten, twenty = asyncio.Event(), asyncio.Event()
+    worker = fairq.Worker(broker, concurrency=4, handle_signals=False, poll_wait=0.5)
+
+    @worker.queue("jobs")
+    async def handle(msg: fairq.Received) -> None:
+        seen.add(msg.body)
+        if len(seen) >= 10:
+            ten.set()
+        if len(seen) >= 20:
+            twenty.set()
+
+    return worker, seen, ten, twenty
+
+
 async def test_a_running_worker_resumes_after_a_restart(server: RedisServer) -> None:
     async with await fairq.connect(_url(server)) as broker:
         q = await broker.declare_queue("jobs", visibility_timeout=5)
-        seen: set[bytes] = set()
-        ten, twenty = asyncio.Event(), asyncio.Event()
-        worker = fairq.Worker(broker, concurrency=4, handle_signals=False, poll_wait=0.5)
-
-        @worker.queue("jobs")
-        async def handle(msg: fairq.Received) -> None:
-            seen.add(msg.body)
-            if len(seen) >= 10:
-                ten.set()
-            if len(seen) >= 20:
-                twenty.set()
-
+        worker, seen, ten, twenty = _counting_worker(broker)
         task = asyncio.create_task(worker.run())
         try:
             await q.send_batch([fairq.Outgoing(f"a{i}") for i in range(10)])
@@ -323,18 +332,7 @@ async def test_a_worker_keeps_running_while_the_cluster_is_down(cluster: RedisCl
     )  # not the seed, not the queue's own master
     async with await fairq.connect(url) as broker:
         q = await broker.declare_queue("jobs", visibility_timeout=5)
-        seen: set[bytes] = set()
-        ten, twenty = asyncio.Event(), asyncio.Event()
-        worker = fairq.Worker(broker, concurrency=4, handle_signals=False, poll_wait=0.5)
-
-        @worker.queue("jobs")
-        async def handle(msg: fairq.Received) -> None:
-            seen.add(msg.body)
-            if len(seen) >= 10:
-                ten.set()
-            if len(seen) >= 20:
-                twenty.set()
-
+        worker, seen, ten, twenty = _counting_worker(broker)
         task = asyncio.create_task(worker.run())
         try:
             await q.send_batch([fairq.Outgoing(f"a{i}") for i in range(10)])
