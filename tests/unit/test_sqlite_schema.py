@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 from pathlib import Path
 
@@ -41,6 +42,28 @@ async def test_a_file_from_a_newer_fairq_is_refused(tmp_path: Path) -> None:
     conn.close()
     with pytest.raises(fairq.ConnectionError, match="newer fairq"):
         await fairq.connect(f"sqlite:///{db}")
+
+
+async def test_a_process_running_when_a_newer_fairq_upgrades_the_file_stops_writing(
+    tmp_path: Path,
+) -> None:
+    """A rolling upgrade: a newer fairq migrates the file while this process runs. This one
+    would misread rows of the newer schema (a schema-9 process delivered again messages a
+    schema-11 one had acked), so within a second its writes stop with an error that says
+    why; a Worker exits, for its supervisor to start the new version."""
+    db = tmp_path / "rolling.db"
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        q = await broker.declare_queue("q")
+        await q.send(b"before")
+        newer = sqlite3.connect(db)  # what a newer fairq's migration leaves
+        newer.execute("UPDATE fairq_meta SET value = 99 WHERE key = 'schema_version'")
+        newer.commit()
+        newer.close()
+        await asyncio.sleep(1.1)
+        with pytest.raises(fairq.BackendError, match="upgraded by a newer fairq"):
+            await q.send(b"after")
+        with pytest.raises(fairq.BackendError, match="restart it with the newer fairq"):
+            await q.receive()
 
 
 @pytest.mark.parametrize("query", ["synchronous=sometimes", "busy_timeout=soon", "colour=blue"])

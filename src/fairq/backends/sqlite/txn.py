@@ -17,7 +17,7 @@ from typing import Any
 
 import orjson
 
-from ...errors import AttentionNotFound, FairqError, QueueNotFound, TopicNotFound
+from ...errors import AttentionNotFound, BackendError, FairqError, QueueNotFound, TopicNotFound
 from ...message import next_id_base
 from ...model.attention import AttentionConfig
 from ...model.queues import QueueConfig
@@ -98,6 +98,19 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
         have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
         if have and column not in have:
             conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {declaration}")
+
+
+def check_schema(conn: sqlite3.Connection, path: str) -> None:
+    """``BackendError`` when a newer fairq upgraded the file since this process opened it
+    (read inside a transaction, before it writes anything)."""
+    row = conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone()
+    version = int(row[0]) if row else 0
+    if version > SCHEMA_VERSION:
+        raise BackendError(
+            f"sqlite:///{path} was upgraded by a newer fairq (schema {version}; this process "
+            f"knows {SCHEMA_VERSION}) while this process ran: it writes nothing more — "
+            "restart it with the newer fairq"
+        )
 
 
 def apply_schema(conn: sqlite3.Connection) -> None:

@@ -22,6 +22,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -33,7 +34,7 @@ from ..base import Wakeups
 from . import messages
 from . import queues as store
 from .turns import RETRY, YIELD_MAX, YIELD_POLL, Turns
-from .txn import Store, Txn, apply_schema
+from .txn import Store, Txn, apply_schema, check_schema
 
 __all__ = ["Writer", "engine_error"]
 
@@ -76,6 +77,10 @@ _RESTART_WAIT_MS = 20  # the longest a RESTART checkpoint waits for the lock or 
 # since the last settle — which also finds what another process left (it died, or closed
 # while the lock was taken)
 _SETTLE_ROWS = 256
+# seconds between looks, in a transaction, at the file's schema version: a newer fairq
+# that upgraded the file while this process runs stops this one's writes (an older
+# process misreads rows of a newer schema: acked messages were delivered again)
+_SCHEMA_CHECK_EVERY = 1.0
 _SETTLE_EVERY = 1.0
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
@@ -170,6 +175,8 @@ class Writer:
         self._busy_since: float | None = None
         self._retry_delay = _RETRY_FIRST
         self._last_dedup_cleanup = 0.0
+        self._schema_checked = time.monotonic()  # (apply_schema at open: just checked)
+        self._outdated: FairqError | None = None  # a newer fairq upgraded the file
         self._checkpointer: threading.Thread | None = None
         self._stop_checkpoints = threading.Event()
         self.commits = 0  # since open; read by the checkpointer thread (an int: no lock)
@@ -460,6 +467,16 @@ class Writer:
         """The transaction just begun, with what every transaction does first: due delays
         and leases brought to their next state, acked rows settled and expired dedup ids
         dropped now and then."""
+        now = time.monotonic()
+        if self._outdated is not None:
+            raise self._outdated
+        if now - self._schema_checked >= _SCHEMA_CHECK_EVERY:
+            self._schema_checked = now
+            try:
+                check_schema(conn, self.path)
+            except FairqError as exc:
+                self._outdated = exc  # for good: every later transaction too
+                raise
         t = Txn(self._store, conn, self.clock.now())
         messages.sweep(t)
         known = self._store
