@@ -107,8 +107,6 @@ class Feed:
     _written: asyncio.Event = field(default_factory=asyncio.Event)  # set: none is
     _confirms: list[tuple[int, asyncio.Future[None]]] = field(default_factory=list)
     _holding: bool = False  # acks wait for the consumer's cancel (hold_acks)
-    #: the prefetch the channel's consumers get (its last ``basic.qos`` for consuming)
-    _consumer_qos: int = 0
     #: when this process last asked for messages of the queue (``receive``), loop time,
     #: and the most it asked for in one call since the consumer last started: an idle
     #: consumer's deliveries go back to the queue (``AmqpLeases._release_idle``)
@@ -159,10 +157,9 @@ class Feed:
             if self.live():
                 assert self.channel is not None
                 if self.consume and self.consumer_tag is None:
-                    if self._consumer_qos != self.prefetch:  # for the consumer made next
+                    async with self._qos:  # the consumer made next gets this prefetch
                         with driver_errors(f"consuming queue {self.queue!r}", self.link.url.masked):
-                            await self.channel.basic_qos(prefetch_count=self.prefetch)
-                        self._consumer_qos = self.prefetch
+                            await self._set_qos(self.channel, self.prefetch)
                     await self._consume(self.channel)
                 return self.channel
             self.held.clear()  # whatever the old channel held went back to the queue
@@ -172,7 +169,7 @@ class Feed:
             self._acks.clear()
             self.link.forget(self.key)
             ch = await self.link.channel(self.key, prefetch=self.prefetch)
-            self._consumer_qos = self.prefetch
+            self._qos_channel, self._qos_count = ch, self.prefetch
             # set before consuming: the first deliveries may run before consume-ok returns
             self.channel, self.generation = ch, self.link.generation
             self.consumer_tag = None
@@ -262,6 +259,14 @@ class Feed:
             task.add_done_callback(lambda t: self._orphans(t, ch))
             raise
 
+    async def _set_qos(self, ch: Channel, n: int) -> None:
+        """``basic.qos`` prefetch ``n`` on ``ch`` for the consumers made after it, unless
+        its last one set ``n`` already (one round trip less). Under ``_qos``."""
+        if self._qos_channel is not ch or self._qos_count != n:
+            self._qos_channel = None
+            await ch.basic_qos(prefetch_count=n)
+            self._qos_channel, self._qos_count = ch, n
+
     async def _take(self, ch: Channel, queue: str, n: int) -> list[Delivered]:
         got: list[Delivered] = []
 
@@ -269,10 +274,7 @@ class Feed:
             got.append(message)
 
         async with self._qos:  # no other basic.qos between this one and the consume
-            if self._qos_channel is not ch or self._qos_count != n:  # else one trip less:
-                self._qos_channel = None  # a slice's receives mostly ask as many
-                await ch.basic_qos(prefetch_count=n)
-                self._qos_channel, self._qos_count = ch, n
+            await self._set_qos(ch, n)  # a slice's receives mostly ask as many
             seq = self._sent
             ok = await ch.basic_consume(queue, delivered, no_ack=False)
             self._answered(ch, seq)

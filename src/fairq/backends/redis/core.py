@@ -142,19 +142,20 @@ class RedisCore(Backend):
         await self._close_client()
 
     # -- keys and scripts ------------------------------------------------------------------
-    def fkey(self, name: str, suffix: str) -> str:
-        """A family-level key of the family of ``name``."""
+    def _tag(self, name: str) -> str:
+        """The hash tag of ``name``'s keys: its family (on Cluster, never empty)."""
         fam = family(name)
         if not fam and self.opts.cluster:
             raise _no_family(name)
-        return f"{self.prefix}{{{fam}}}:{suffix}"
+        return fam
+
+    def fkey(self, name: str, suffix: str) -> str:
+        """A family-level key of the family of ``name``."""
+        return f"{self.prefix}{{{self._tag(name)}}}:{suffix}"
 
     def qkey(self, name: str, suffix: str) -> str:
         """A key of queue ``name``."""
-        fam = family(name)
-        if not fam and self.opts.cluster:
-            raise _no_family(name)
-        return f"{self.prefix}{{{fam}}}:q:{name}:{suffix}"
+        return f"{self.prefix}{{{self._tag(name)}}}:q:{name}:{suffix}"
 
     def _now_arg(self) -> str:
         return "" if self.opts.server_clock else repr(self.clock.now())
@@ -213,9 +214,7 @@ class RedisCore(Backend):
     async def add_families(self, *names: str) -> None:
         """Remember the families of ``names`` (for listing); before anything is created.
         The index only grows, so a family this broker added once needs no second call."""
-        new = {family(n) for n in names} - self._known_families
-        if "" in new and self.opts.cluster:
-            raise _no_family(next(n for n in names if not family(n)))
+        new = {self._tag(n) for n in names} - self._known_families
         if new:
             await self.command("SADD", f"{self.prefix}families", *new)
             self._known_families |= new

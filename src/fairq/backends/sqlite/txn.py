@@ -102,7 +102,7 @@ def _add_missing_columns(conn: sqlite3.Connection) -> None:
 
 def check_schema(conn: sqlite3.Connection, path: str) -> None:
     """``BackendError`` when a newer fairq upgraded the file since this process opened it
-    (read inside a transaction, before it writes anything)."""
+    (the writer's checkpointer thread asks every 0.5 s; the writer then refuses)."""
     row = conn.execute("SELECT value FROM fairq_meta WHERE key = 'schema_version'").fetchone()
     version = int(row[0]) if row else 0
     if version > SCHEMA_VERSION:

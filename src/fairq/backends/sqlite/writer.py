@@ -22,7 +22,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,10 +76,11 @@ _RESTART_WAIT_MS = 20  # the longest a RESTART checkpoint waits for the lock or 
 # since the last settle — which also finds what another process left (it died, or closed
 # while the lock was taken)
 _SETTLE_ROWS = 256
-# seconds between looks, in a transaction, at the file's schema version: a newer fairq
-# that upgraded the file while this process runs stops this one's writes (an older
-# process misreads rows of a newer schema: acked messages were delivered again)
-_SCHEMA_CHECK_EVERY = 1.0
+# the checkpointer thread looks at the file's schema version every this many of its looks
+# (0.5 s): a newer fairq that upgraded the file while this process runs stops this one's
+# writes (an older process misreads rows of a newer schema: acked messages were delivered
+# again), with no work on the loop's transactions but an attribute test
+_SCHEMA_LOOKS = 5
 _SETTLE_EVERY = 1.0
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
@@ -175,7 +175,6 @@ class Writer:
         self._busy_since: float | None = None
         self._retry_delay = _RETRY_FIRST
         self._last_dedup_cleanup = 0.0
-        self._schema_checked = time.monotonic()  # (apply_schema at open: just checked)
         self._outdated: FairqError | None = None  # a newer fairq upgraded the file
         self._checkpointer: threading.Thread | None = None
         self._stop_checkpoints = threading.Event()
@@ -230,8 +229,17 @@ class Writer:
             return
         done = 0  # commits copied back by the last checkpoint
         seen, quiet = 0, 0.0  # commits at the last look, and for how long no new one came
+        looks = 0
         try:
             while not self._stop_checkpoints.wait(_CHECKPOINT_EVERY):
+                looks += 1
+                if looks % _SCHEMA_LOOKS == 0 and self._outdated is None:
+                    try:
+                        check_schema(conn, self.path)
+                    except FairqError as exc:
+                        self._outdated = exc  # every transaction from now on refuses
+                    except sqlite3.Error:
+                        pass
                 commits = self.commits
                 quiet = quiet + _CHECKPOINT_EVERY if commits == seen else 0.0
                 seen = commits
@@ -467,16 +475,8 @@ class Writer:
         """The transaction just begun, with what every transaction does first: due delays
         and leases brought to their next state, acked rows settled and expired dedup ids
         dropped now and then."""
-        now = time.monotonic()
-        if self._outdated is not None:
+        if self._outdated is not None:  # (the checkpointer thread looks: _checkpoint_loop)
             raise self._outdated
-        if now - self._schema_checked >= _SCHEMA_CHECK_EVERY:
-            self._schema_checked = now
-            try:
-                check_schema(conn, self.path)
-            except FairqError as exc:
-                self._outdated = exc  # for good: every later transaction too
-                raise
         t = Txn(self._store, conn, self.clock.now())
         messages.sweep(t)
         known = self._store
