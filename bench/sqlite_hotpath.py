@@ -33,10 +33,11 @@ BODY = os.urandom(100).hex().encode()  # 200 bytes, as in bench.queues
 
 # -- fairq's Python, the SQL stubbed out -----------------------------------------------------
 class _Rows:
-    __slots__ = ("rows",)
+    __slots__ = ("rowcount", "rows")
 
     def __init__(self, rows: list[tuple[Any, ...]]) -> None:
         self.rows = rows
+        self.rowcount = 0  # the stub changes nothing (the inbox's drain moves no row)
 
     def fetchall(self) -> list[tuple[Any, ...]]:
         return self.rows

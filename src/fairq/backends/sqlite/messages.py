@@ -98,7 +98,10 @@ def insert(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
     return ids
 
 
-_INSERT_ONE = (
+# the common send goes to the inbox (schema.sql, version 12): one B-tree page, not three
+_INSERT_ONE = "INSERT INTO fairq_inbox (id, queue_id, avail_at, body, attrs) VALUES (?, ?, ?, ?, ?)"
+# a batch of such messages goes straight to fairq_messages (its pages are shared by its rows)
+_INSERT_VISIBLE = (
     "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
     "VALUES (?, ?, 0, 0, ?, 0, ?, ?)"
 )
@@ -126,10 +129,12 @@ def insert_plain(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
 
 
 def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
-    """Store one visible message of priority 0 in ``q`` (not FIFO): the common send, with
-    nothing to decide; return its id."""
+    """Store one visible message of priority 0 in ``q`` (neither FIFO nor bounded): the
+    common send, with nothing to decide, appended to the inbox (the next transaction that
+    does anything else moves it into ``fairq_messages``: Txn.drain); return its id."""
     (mid,) = t.allocate(1, stored=True)
     t.conn.execute(_INSERT_ONE, (mid, q.id, t.now, body, attrs))
+    t.store.inbox += 1
     t.stored(q.id, 1, mid)
     t.op_notify.add(q.name)
     return mid
@@ -144,7 +149,7 @@ def insert_visible(t: Txn, q: QueueRow, envs: Sequence[Envelope]) -> range:
     dumps = orjson.dumps
     insert_rows(
         t.conn,
-        _INSERT_ONE,
+        _INSERT_VISIBLE,
         [
             (mid, qid, now, e.body, dumps(e.attributes) if e.attributes else None)
             for mid, e in zip(ids, envs, strict=True)

@@ -1,4 +1,4 @@
--- fairq's SQLite schema, version 11. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 12. Every statement is idempotent (IF NOT EXISTS), so
 -- txn.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
@@ -12,6 +12,7 @@
 --   version 9: sends counted later (fairq_queues.sent_upto), so a send writes no queue row
 --   version 10: small receives and acks counted later (below), writing no queue row
 --   version 11: attention slices count their acked messages as they go (counted)
+--   version 12: one-message sends land in fairq_inbox (one B-tree page), moved on later
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -76,6 +77,23 @@ CREATE INDEX IF NOT EXISTS fairq_ix_queue
     ON fairq_messages (queue_id);
 CREATE INDEX IF NOT EXISTS fairq_ix_fifo
     ON fairq_messages (queue_id, grp) WHERE state = 2;
+
+-- version 12: the inbox. The common send (one visible message of priority 0, no group, no
+-- deduplication, to a queue that is neither FIFO nor bounded) appends a row here, to a table
+-- with no index: one B-tree page a commit, where a row of fairq_messages writes three (the
+-- row, ix_ready, ix_queue). Every transaction that does anything but send moves the whole
+-- inbox into fairq_messages first (Txn.drain: one INSERT ... SELECT and one DELETE), and so
+-- does a send transaction once its connection has left _INBOX_ROWS (writer.py) rows here, so
+-- the inbox stays small; nothing but Txn.drain and the long poll's look (__init__.py's
+-- _NOTHING_TO_RECEIVE) reads it. A row keeps its message's id, queue and send time, so it
+-- is counted (sent_upto), ordered and aged as if it had been stored in fairq_messages.
+CREATE TABLE IF NOT EXISTS fairq_inbox (
+    id       INTEGER PRIMARY KEY,
+    queue_id INTEGER NOT NULL,
+    avail_at REAL NOT NULL,
+    body     BLOB,
+    attrs    BLOB
+);
 
 -- the message at the head of each FIFO group (ready, delayed or leased)
 CREATE TABLE IF NOT EXISTS fairq_fifo_heads (

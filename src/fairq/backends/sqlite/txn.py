@@ -23,13 +23,20 @@ from ...model.attention import AttentionConfig
 from ...model.queues import QueueConfig
 from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 # the greatest id handed out so far, as far as the file remembers it (see Store)
 _LAST_ID = (
     "SELECT (SELECT value FROM fairq_meta WHERE key = 'last_id'), "
-    "coalesce((SELECT max(id) FROM fairq_messages), 0)"
+    "max(coalesce((SELECT max(id) FROM fairq_messages), 0), "
+    "coalesce((SELECT max(id) FROM fairq_inbox), 0))"
+)
+# the inbox (schema.sql, version 12) moved into fairq_messages: its rows as visible messages
+# of priority 0 that were never delivered
+_DRAIN = (
+    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
+    "SELECT id, queue_id, 0, 0, avail_at, 0, body, attrs FROM fairq_inbox ORDER BY id"
 )
 
 
@@ -196,7 +203,8 @@ class Store:
     statements per transaction; any commit elsewhere makes the next transaction re-read.
 
     Ids are never handed out twice. The last one is not written on every send: a new id
-    is above every id still stored in ``fairq_messages`` (its greatest rowid is one probe)
+    is above every id still stored in ``fairq_messages`` or the inbox (each table's greatest
+    rowid is one probe)
     and above ``fairq_meta.last_id``, which is only brought up to date by a transaction
     that deletes a message above it (or hands out ids that no message row keeps, as a
     publish does), so a deleted message's id cannot come back either.
@@ -223,6 +231,11 @@ class Store:
         # (messages.settle): what tells the writer when to settle again
         self.unsettled = 0
         self.settled_at = -math.inf
+        # rows this connection appended to fairq_inbox since it last drained it, and whether
+        # the inbox may hold rows it does not know of (another connection committed, or a
+        # drain was rolled back): Txn.drain looks only then
+        self.inbox = 0
+        self.inbox_unknown = True
 
     def schedule(self, domain: str, due: float, now: float) -> None:
         """Remember that this connection wrote a delayed signal of ``domain`` due at ``due``."""
@@ -240,6 +253,7 @@ class Store:
         self.domains.clear()
         self.config_version = -1
         self.uncounted.clear()
+        self.inbox_unknown = True  # (a failed operation may have undone a drain)
 
     def forget(self) -> None:
         """Trust nothing cached (after a rolled-back transaction)."""
@@ -298,6 +312,7 @@ class Txn:
             store.saved_id = None
             store.due = -math.inf
             store.uncounted.clear()
+            store.inbox_unknown = True
             (version,) = conn.execute(
                 "SELECT value FROM fairq_meta WHERE key = 'config_version'"
             ).fetchone()
@@ -360,11 +375,24 @@ class Txn:
         if known is not None:
             self.store.uncounted[queue_id] = (known[0], known[1] + n, top)
 
+    def drain(self) -> None:
+        """Move the inbox's rows (one-message sends, schema.sql) into ``fairq_messages``:
+        first thing in every transaction that does more than send, and before a queue's
+        rows are counted (:meth:`fold`). Free when this connection knows the inbox is empty."""
+        store = self.store
+        if not store.inbox and not store.inbox_unknown:
+            return
+        if self.conn.execute(_DRAIN).rowcount:
+            self.conn.execute("DELETE FROM fairq_inbox")  # all of it: no WHERE, no scan
+        store.inbox = 0
+        store.inbox_unknown = False
+
     def fold(self, queue_id: int) -> None:
         """Count the queue's messages stored since its counters were last brought up to
         date (``sent``, ``visible``): before its rows are deleted (they would be lost to
         the count) and before its counters are read. Free when this connection knows what
         it stored since; one index range count otherwise (another process committed)."""
+        self.drain()
         store = self.store
         known = store.uncounted.get(queue_id)
         if known is None:

@@ -82,6 +82,10 @@ _SETTLE_ROWS = 256
 # again), with no work on the loop's transactions but an attribute test
 _SCHEMA_LOOKS = 5
 _SETTLE_EVERY = 1.0
+# A transaction of nothing but sends leaves the inbox (schema.sql, version 12) for the next
+# one that does more, until this writer has appended this many rows there: then it drains
+# it too, so a producer that nothing else follows keeps the inbox, and each drain, small
+_INBOX_ROWS = 256
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
 
@@ -375,7 +379,7 @@ class Writer:
         self._busy_since = None
         self._retry_delay = _RETRY_FIRST
         try:
-            t = self._begin(conn)
+            t = self._begin(conn, fn is store.send)
             value = fn(t, *args)
             t.op_done()
             t.finish()
@@ -471,15 +475,17 @@ class Writer:
             if not fut.done():
                 fut.set_exception(err)
 
-    def _begin(self, conn: sqlite3.Connection) -> Txn:
-        """The transaction just begun, with what every transaction does first: due delays
-        and leases brought to their next state, acked rows settled and expired dedup ids
-        dropped now and then."""
+    def _begin(self, conn: sqlite3.Connection, sends_only: bool) -> Txn:
+        """The transaction just begun, with what every transaction does first: the inbox
+        drained (unless it only sends), due delays and leases brought to their next state,
+        acked rows settled and expired dedup ids dropped now and then."""
         if self._outdated is not None:  # (the checkpointer thread looks: _checkpoint_loop)
             raise self._outdated
         t = Txn(self._store, conn, self.clock.now())
-        messages.sweep(t)
         known = self._store
+        if not sends_only or known.inbox >= _INBOX_ROWS:
+            t.drain()
+        messages.sweep(t)
         if known.unsettled >= _SETTLE_ROWS or t.now - known.settled_at >= _SETTLE_EVERY:
             messages.settle(t)
         t.op_done()
@@ -503,7 +509,7 @@ class Writer:
         units = _merge(batch)
         single = len(units) == 1 and len(units[0]) == 1
         try:
-            t = self._begin(conn)
+            t = self._begin(conn, all(job[0] is store.send for job in batch))
             for unit in units:
                 if single:
                     fn, args, fut = unit[0]
