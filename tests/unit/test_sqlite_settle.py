@@ -26,7 +26,9 @@ def _raw(db: Path, sql: str) -> list[tuple[object, ...]]:
 
 
 def _acked_rows(db: Path) -> int:
-    sql = "SELECT count(*) FROM fairq_messages WHERE avail_at >= -1 AND avail_at < 0"
+    sql = (  # marked acked: at -1 or -0.5, or (schema 12) a receive not counted, lease -1
+        "SELECT count(*) FROM fairq_messages WHERE (avail_at >= -1 AND avail_at < 0) OR lease = -1"
+    )
     return int(_raw(db, sql)[0][0])
 
 
@@ -179,6 +181,25 @@ async def test_a_small_receive_writes_three_pages_and_a_small_ack_two(tmp_path: 
         # the row's page and an ix_waiting page (now and then a third, as the index's
         # leaves change); no queue row, per-queue index or last id, as a delete writes
         assert (_frames(db) - before) / n < 2.5
+
+
+async def test_an_ack_of_a_receive_not_counted_yet_writes_one_page(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    n = 50
+    async with await fairq.connect(f"sqlite:///{db}", clock=fairq.ManualClock()) as broker:
+        q = await broker.declare_queue("q")
+        await q.send_batch([fairq.Outgoing(b"x" * 200) for _ in range(n)])
+        msgs = [(await q.receive())[0] for _ in range(n)]  # their receives not counted yet
+        before = _frames(db)
+        for m in msgs:
+            await m.ack()
+        # the row's page alone: its lease becomes -1 and no index entry moves (it moved
+        # to avail_at -0.5, an ix_waiting page, before schema 12); settling does the rest
+        assert (_frames(db) - before) / n < 1.5
+        assert _acked_rows(db) == n
+        s = await q.stats()
+        assert (s.sent, s.acked, s.in_flight, s.visible, s.redelivered) == (n, n, 0, 0, 0), s
+        assert _acked_rows(db) == 0
 
 
 async def test_leases_and_counts_of_small_receives_are_exact(tmp_path: Path) -> None:

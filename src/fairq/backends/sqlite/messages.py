@@ -59,6 +59,11 @@ LAZY_BELOW = 16
 # kept negated, below -1, and an acked row sits at ACKED, or ACKED_UNCOUNTED when its
 # receive was not counted either: settle() counts all of them (schema.sql)
 ACKED, ACKED_UNCOUNTED = -1.0, -0.5
+# ... except that a row acked while its receive is not counted yet keeps its negated due time
+# and only takes this lease (which no receipt names: tokens are positive, and a receipt's
+# out-of-range lease is stored as 0): the ack then writes the row's page and no index page,
+# and settle() finds the row among the receives it counts anyway (schema 12)
+ACKED_LEASE = -1
 # a queue's visible messages as SQL, for reads over many queues (``q`` is its fairq_queues
 # row): the stored count plus the messages stored since it was last folded (Txn.fold)
 VISIBLE = (
@@ -319,26 +324,40 @@ def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
 def _mark_acked(
     t: Txn, q: QueueRow, receipts: Sequence[str], leases: list[tuple[int, list[int]]]
 ) -> tuple[int, list[str]]:
-    """The ack of a few messages of a non-FIFO queue: their leased rows become acked rows
-    (``ACKED``, or ``ACKED_UNCOUNTED`` for a receive not counted yet; no lease), which
-    writes the rows' pages and an ix_waiting page and nothing else; the counters move when
-    :func:`settle` deletes them. A lease is current while it has not ended: its end is
-    ``avail_at``, or ``-avail_at`` for a receive not counted yet."""
+    """The ack of a few messages of a non-FIFO queue: their leased rows become acked rows,
+    which :func:`settle` deletes and counts. A row whose receive is not counted yet (its
+    lease's end negated) only takes ``ACKED_LEASE``: its page and nothing else is written;
+    any other becomes ``ACKED`` (no lease), which writes its page and an ix_waiting page. A
+    lease is current while it has not ended: its end is ``avail_at``, or ``-avail_at``
+    for a receive not counted yet."""
     conn = t.conn
     now = t.now
+    qid = q.id
     gone: list[tuple[int, int]] = []
     for lease, ids in leases:
         for chunk in chunks(ids):
-            gone += [
-                (r[0], lease)
+            hit = [
+                r[0]
                 for r in conn.execute(
-                    f"UPDATE fairq_messages SET avail_at = CASE WHEN avail_at < 0 "
-                    f"THEN {ACKED_UNCOUNTED} ELSE {ACKED} END, lease = NULL "
+                    f"UPDATE fairq_messages SET lease = {ACKED_LEASE} "
                     f"WHERE id IN ({marks(len(chunk))}) AND lease = ? AND queue_id = ? "
-                    "AND (avail_at > ? OR avail_at < ?) RETURNING id",
-                    (*chunk, lease, q.id, now, -now),
+                    "AND avail_at < ? RETURNING id",
+                    (*chunk, lease, qid, -now),
                 )
             ]
+            if len(hit) < len(chunk):  # counted receives (or receipts of no current lease)
+                found = set(hit)
+                rest = [mid for mid in chunk if mid not in found]
+                hit += [
+                    r[0]
+                    for r in conn.execute(
+                        f"UPDATE fairq_messages SET avail_at = {ACKED}, lease = NULL "
+                        f"WHERE id IN ({marks(len(rest))}) AND lease = ? AND queue_id = ? "
+                        "AND avail_at > ? RETURNING id",
+                        (*rest, lease, qid, now),
+                    )
+                ]
+            gone += [(mid, lease) for mid in hit]
     if len(gone) == len(receipts):
         lost: list[str] = []  # every receipt named a current lease (the common case)
     else:
@@ -360,11 +379,15 @@ def settle(t: Txn) -> None:
     store.unsettled = 0
     store.settled_at = t.now
     conn = t.conn
-    for qid, attempt in conn.execute(
-        "UPDATE fairq_messages SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
-        "RETURNING queue_id, attempt"
+    # leases get their due time back; rows acked meanwhile (ACKED_LEASE) become acked rows
+    # whose receive is not counted, for the DELETE below
+    for qid, attempt, lease in conn.execute(
+        f"UPDATE fairq_messages SET avail_at = CASE WHEN lease = {ACKED_LEASE} "
+        f"THEN {ACKED_UNCOUNTED} ELSE -avail_at END WHERE state = 1 AND avail_at < -1 "
+        "RETURNING queue_id, attempt, lease"
     ).fetchall():
-        _counted_receive(t, qid, attempt)
+        if lease != ACKED_LEASE:
+            _counted_receive(t, qid, attempt)
     rows = conn.execute(
         "DELETE FROM fairq_messages WHERE state = 1 AND avail_at >= -1 AND avail_at < 0 "
         "RETURNING id, queue_id, body_ref, avail_at, attempt"
@@ -683,7 +706,8 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
 
 
 # the earliest due time of a waiting row: a delay's or counted lease's, and a lease not
-# counted yet (its end negated, below -1)
+# counted yet (its end negated, below -1). A row acked since (ACKED_LEASE) still counts
+# here until settled: at worst a long poll looks once more at what was its lease's end
 NEXT_DUE = (
     "SELECT min(coalesce((SELECT MIN(avail_at) FROM fairq_messages "
     "WHERE state = 1 AND avail_at >= 0), 1e300), coalesce(-(SELECT MAX(avail_at) "

@@ -12,7 +12,8 @@
 --   version 9: sends counted later (fairq_queues.sent_upto), so a send writes no queue row
 --   version 10: small receives and acks counted later (below), writing no queue row
 --   version 11: attention slices count their acked messages as they go (counted)
---   version 12: one-message sends land in fairq_inbox (one B-tree page), moved on later
+--   version 12: one-message sends land in fairq_inbox (one B-tree page), moved on later;
+--               a small ack of a receive not counted yet sets lease = -1 (one page)
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
@@ -21,8 +22,9 @@
 --   2 blocked   in a FIFO queue, behind the head of its group (ix_fifo)
 -- State 1 has two more conditions, for what is not counted yet. A receive of a few messages
 -- of a non-FIFO queue keeps its lease's end negated (avail_at < -1) and writes no queue
--- row; an ack of a few marks its rows acked (avail_at = -1, or -0.5 when their receive was
--- not counted either; lease IS NULL): two B-tree pages, the row and ix_waiting.
+-- row; an ack of a few marks its rows acked: a row whose receive was not counted either only
+-- takes lease = -1 (version 12: one B-tree page, the row), any other gets avail_at = -1 and
+-- lease NULL (two: the row and ix_waiting); settle turns the first kind into avail_at = -0.5.
 -- messages.settle counts both (and deletes acked rows) a few hundred at a time, before
 -- anything reads a queue's counters or rows or moves a leased row otherwise. Due times
 -- are avail_at >= 0, or -avail_at below -1 (messages.NEXT_DUE).
