@@ -150,9 +150,21 @@ _SETTLE_ROWS = 256  # as fairq's writer (backends/sqlite/writer.py)
 # page — so a receive writes two B-tree pages instead of three; the receive seeks past
 # those entries, and the settle step needs a small table naming the queues it must visit),
 # or not at all
-AT_ONCE, LATER, IN_PLACE, NONE = "at once", "later", "in place", "none"
+# or as schema 12 does it (later, plus: a one-message send appends to an inbox table with no
+# index, moved into the message table every _SETTLE_ROWS sends and by the first receive; an
+# ack of a receive not counted yet only sets the row's lease to -1, and settling deletes those)
+AT_ONCE, LATER, IN_PLACE, NONE, INBOX = "at once", "later", "in place", "none", "inbox"
 # name: (schema, counting)
+_INBOX = (
+    "CREATE TABLE inbox (id INTEGER PRIMARY KEY, queue_id INT NOT NULL, avail_at REAL NOT NULL, "
+    "body BLOB, attrs BLOB);"
+)
+_DRAIN = (
+    "INSERT INTO m (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
+    "SELECT id, queue_id, 0, 0, avail_at, 0, body, attrs FROM inbox ORDER BY id"
+)
 VARIANTS: dict[str, tuple[str, str]] = {
+    "fairq's schema 12 (inbox, one-page acks)": (_FAIRQ + _INBOX, INBOX),
     "fairq's schema, counted later (schema 10)": (_FAIRQ, LATER),
     "fairq's schema, counted at once (schema 9)": (_FAIRQ, AT_ONCE),
     "leased in place (a study)": (_FAIRQ, IN_PLACE),
@@ -175,7 +187,8 @@ def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, f
     the WAL frames (B-tree pages) each writes: a count the machine's noise does not move."""
     tmp = tempfile.mkdtemp(prefix="fairq-floor-", dir=directory)
     conn = _connect(os.path.join(tmp, "f.db"))
-    later = counting in (LATER, IN_PLACE)
+    later = counting in (LATER, IN_PLACE, INBOX)
+    inbox = counting == INBOX
     try:
         conn.executescript(_QUEUES + schema)
         if counting == IN_PLACE:
@@ -183,14 +196,19 @@ def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, f
         ex = conn.execute
         base = int(time.time() * 1000) << 16
         t0 = time.thread_time()
+        insert = (
+            "INSERT INTO inbox (id, queue_id, avail_at, body) VALUES (?, 1, ?, ?)"
+            if inbox
+            else "INSERT INTO m (id, queue_id, state, priority, avail_at, attempt, body) "
+            "VALUES (?, 1, 0, 0, ?, 0, ?)"
+        )
         for i in range(n):
             ex("BEGIN IMMEDIATE")
             ex("PRAGMA data_version").fetchone()
-            ex(
-                "INSERT INTO m (id, queue_id, state, priority, avail_at, attempt, body) "
-                "VALUES (?, 1, 0, 0, ?, 0, ?)",
-                (base + i, time.time(), BODY),
-            )
+            if inbox and i % _SETTLE_ROWS == _SETTLE_ROWS - 1:  # a producer alone drains it
+                ex(_DRAIN)
+                ex("DELETE FROM inbox")
+            ex(insert, (base + i, time.time(), BODY))
             ex("COMMIT")
         send = (time.thread_time() - t0) / n
         # checkpoints are off, so the WAL holds every frame since it began; empty it
@@ -205,7 +223,18 @@ def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, f
             now = time.time()
             ex("BEGIN IMMEDIATE")
             ex("PRAGMA data_version").fetchone()
+            if inbox and i == 0:  # the first receive moves what the sends left in the inbox
+                ex(_DRAIN)
+                ex("DELETE FROM inbox")
             if later and unsettled >= _SETTLE_ROWS:  # settle: count leases, delete acked rows
+                early = 0  # acked rows settled first (schema 12)
+                if inbox:
+                    early = len(
+                        ex(
+                            "DELETE FROM m WHERE state = 1 AND avail_at < -1 AND lease = -1 "
+                            "RETURNING id, queue_id, body_ref, avail_at, attempt"
+                        ).fetchall()
+                    )
                 if counting == IN_PLACE:
                     ex("SELECT queue_id FROM lazy").fetchall()
                     ex("DELETE FROM lazy")
@@ -235,6 +264,7 @@ def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, f
                         + "RETURNING id, queue_id, body_ref, avail_at, attempt"
                     ).fetchall()
                 )
+                k += early
                 ex("UPDATE q SET visible = visible - ?, acked = acked + ? WHERE id = 1", (k, k))
                 unsettled = 0
             if counting == IN_PLACE and not registered:
@@ -254,7 +284,13 @@ def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, f
             ex("COMMIT")
             ex("BEGIN IMMEDIATE")
             ex("PRAGMA data_version").fetchone()
-            if later:
+            if inbox:
+                gone = ex(
+                    "UPDATE m SET lease = -1 WHERE queue_id = 1 AND id = ? AND lease = ? "
+                    "AND avail_at < ? RETURNING id",
+                    (row[0], i + 1, -now),
+                ).fetchall()
+            elif later:
                 gone = ex(
                     "UPDATE m SET avail_at = CASE WHEN avail_at < 0 THEN -0.5 ELSE -1 END, "
                     "lease = NULL WHERE queue_id = 1 AND id = ? AND lease = ? "

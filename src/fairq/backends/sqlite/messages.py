@@ -374,21 +374,24 @@ def settle(t: Txn) -> None:
     not counted yet get their due time back and move from ``visible`` to ``in_flight``;
     acked rows are deleted and move to ``acked``, shared bodies released. Before anything
     reads a queue's counters or moves a leased row other than by an ack, and by the writer
-    every few hundred receives and acks; two index probes when there is nothing."""
+    every few hundred receives and acks; three index probes when there is nothing."""
     store = t.store
     store.unsettled = 0
     store.settled_at = t.now
     conn = t.conn
-    # leases get their due time back; rows acked meanwhile (ACKED_LEASE) become acked rows
-    # whose receive is not counted, for the DELETE below
-    for qid, attempt, lease in conn.execute(
-        f"UPDATE fairq_messages SET avail_at = CASE WHEN lease = {ACKED_LEASE} "
-        f"THEN {ACKED_UNCOUNTED} ELSE -avail_at END WHERE state = 1 AND avail_at < -1 "
-        "RETURNING queue_id, attempt, lease"
-    ).fetchall():
-        if lease != ACKED_LEASE:
-            _counted_receive(t, qid, attempt)
+    # rows acked before their receive was counted (ACKED_LEASE) go first, then the other
+    # leases not counted yet get their due time back, then the rows marked ACKED (or, left
+    # by a fairq before schema 12, ACKED_UNCOUNTED) go: three ranges of ix_waiting
     rows = conn.execute(
+        f"DELETE FROM fairq_messages WHERE state = 1 AND avail_at < -1 AND lease = {ACKED_LEASE} "
+        "RETURNING id, queue_id, body_ref, avail_at, attempt"
+    ).fetchall()
+    for qid, attempt in conn.execute(
+        "UPDATE fairq_messages SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
+        "RETURNING queue_id, attempt"
+    ).fetchall():
+        _counted_receive(t, qid, attempt)
+    rows += conn.execute(
         "DELETE FROM fairq_messages WHERE state = 1 AND avail_at >= -1 AND avail_at < 0 "
         "RETURNING id, queue_id, body_ref, avail_at, attempt"
     ).fetchall()
