@@ -117,3 +117,85 @@ async def test_a_schema_11_file_is_upgraded(tmp_path: Path) -> None:
         q = broker.queue("q")
         await q.send(b"new")
         assert [m.body for m in await q.receive(max_messages=5)] == [b"old", b"older", b"new"]
+
+
+async def test_a_send_beside_delete_queue_does_not_outlive_its_queue(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        q = await broker.declare_queue("orders")
+        # one pass of the loop: one transaction, the send first
+        await asyncio.gather(q.send(b"for orders"), broker.delete_queue("orders"))
+        other = await broker.declare_queue("payments")  # may take the deleted queue's id
+        assert await other.receive(max_messages=10) == []
+        s = await other.stats()
+        assert (s.sent, s.visible) == (0, 0)
+    assert _count(db, "fairq_inbox") == _count(db, "fairq_messages") == 0
+
+
+async def test_an_inbox_row_of_a_deleted_queue_is_dropped(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    url = f"sqlite:///{db}"
+    async with await fairq.connect(url) as broker:
+        q = await broker.declare_queue("q")
+        await q.send(b"kept")
+        conn = sqlite3.connect(db)
+        (top,) = conn.execute("SELECT max(id) FROM fairq_inbox").fetchone()
+        conn.execute(  # as a fairq that deleted the queue without draining would leave it
+            "INSERT INTO fairq_inbox (id, queue_id, avail_at, body) VALUES (?, 999, 0, x'00')",
+            (top + 1,),
+        )
+        conn.commit()
+        conn.close()
+        assert [m.body for m in await q.receive(max_messages=5)] == [b"kept"]
+        assert _count(db, "fairq_inbox") == 0
+        assert _count(db, "fairq_messages") == 1
+        later = await q.send(b"later")
+        assert int(later, 16) > top + 1  # the dropped row's id does not come back
+
+
+async def test_an_inbox_id_taken_by_an_older_fairq_moves_under_a_new_id(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        q = await broker.declare_queue("q")
+        mid = await q.send(b"from the inbox")
+        conn = sqlite3.connect(db)
+        conn.execute(  # a process of schema 11 (no look at the inbox) handed the same id out
+            "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body) "
+            "SELECT id, queue_id, 0, 0, avail_at, 0, x'6f6c646572' FROM fairq_inbox"
+        )
+        conn.commit()
+        conn.close()
+        got = await q.receive(max_messages=5)  # moved, not refused
+        assert sorted(m.body for m in got) == [b"from the inbox", b"older"]
+        assert len({m.id for m in got}) == 2 and mid in {m.id for m in got}
+        assert _count(db, "fairq_inbox") == 0
+
+
+async def test_the_new_formats_wait_after_an_upgrade(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    url = f"sqlite:///{db}"
+    async with await fairq.connect(url) as broker:
+        await broker.declare_queue("q")
+    conn = sqlite3.connect(db)
+    conn.execute("UPDATE fairq_meta SET value = 11 WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    # a process of schema 11 may still write for half a second: while it can, no inbox row
+    # (it would hand their ids out again) and no ACKED_LEASE row (it would revive it)
+    async with await fairq.connect(url) as broker:
+        q = broker.queue("q")
+        await q.send(b"x")
+        assert _count(db, "fairq_inbox") == 0
+        (m,) = await q.receive()
+        await m.ack()
+        conn = sqlite3.connect(db)
+        assert conn.execute("SELECT lease, avail_at FROM fairq_messages").fetchall() == [
+            (None, -0.5)
+        ]
+        conn.execute("UPDATE fairq_meta SET value = 0 WHERE key = 'formats_from'")
+        conn.commit()
+        conn.close()
+    async with await fairq.connect(url) as broker:  # once the time has come
+        q = broker.queue("q")
+        await q.send(b"y")
+        assert _count(db, "fairq_inbox") == 1

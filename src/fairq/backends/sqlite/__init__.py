@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Hashable, Mapping
 
 from ...clock import Clock
-from ...errors import BackendError, InvalidOption
+from ...errors import BackendError, FairqError, InvalidOption
 from ...message import Received
 from ...model.attention import (
     AttentionConfig,
@@ -66,6 +66,11 @@ _NOTHING_TO_RECEIVE = (
     "(SELECT id FROM fairq_queues WHERE name = ?)), "
     "(" + messages.NEXT_DUE + ")"
 )
+
+
+def _swept(t: Txn) -> None:
+    """A transaction of its own, for what every transaction does first (writer._begin):
+    the inbox drained, due delays and ended leases moved on, uncounted rows settled."""
 
 
 def _page_size(text: str | None) -> int | None:
@@ -112,6 +117,7 @@ class SQLiteBackend(Backend):
         self._recheck: asyncio.TimerHandle | None = None
         self._own_commits = 0  # this backend's commits at the last look
         self._came_empty: set[str] = set()  # queues whose last receive here found nothing
+        self._swept_due: float | None = None  # the past due time next_due last swept for
 
     # -- lifecycle -------------------------------------------------------------------------
     async def open(self) -> None:
@@ -405,14 +411,24 @@ class SQLiteBackend(Backend):
 
     # -- wake-ups --------------------------------------------------------------------------
     async def next_due(self) -> float | None:
-        if self._writer.conn is None:
+        conn = self._writer.conn
+        if conn is None:
             return None
         try:
             # attention takers wait for their domain's own due times (attention_next), so
             # a delayed signal coming due wakes one taker, not every waiter of the process
-            return messages.next_due(self._writer.conn) or None
+            due = messages.next_due(conn) or None
         except sqlite3.Error as exc:
             raise BackendError(f"sqlite: {exc}") from exc
+        if due is not None and due <= self.clock.now() and self._swept_due != due:
+            # something is due that only a write transaction moves on (a lease of a process
+            # that died, a row acked elsewhere and not settled yet): sweep once, or nothing
+            # changes until some process writes, and the pulse would wake every waiter in a
+            # loop (an idle attention taker only reads); the due time is still handed back
+            self._swept_due = due
+            with contextlib.suppress(FairqError):
+                await self._call(_swept)
+        return due
 
     def watch(self, poke: Callable[[], None]) -> bool:
         watch = self._watch

@@ -138,8 +138,11 @@ def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
     common send, with nothing to decide, appended to the inbox (the next transaction that
     does anything else moves it into ``fairq_messages``: Txn.drain); return its id."""
     (mid,) = t.allocate(1, stored=True)
-    t.conn.execute(_INSERT_ONE, (mid, q.id, t.now, body, attrs))
-    t.store.inbox += 1
+    if t.new_formats():
+        t.conn.execute(_INSERT_ONE, (mid, q.id, t.now, body, attrs))
+        t.store.inbox += 1
+    else:  # just after an upgrade (Txn.new_formats): as a fairq before schema 12 did
+        t.conn.execute(_INSERT_VISIBLE, (mid, q.id, t.now, body, attrs))
     t.stored(q.id, 1, mid)
     t.op_notify.add(q.name)
     return mid
@@ -334,6 +337,20 @@ def _mark_acked(
     now = t.now
     qid = q.id
     gone: list[tuple[int, int]] = []
+    if not t.new_formats():  # just after an upgrade: as a fairq before schema 12 did
+        for lease, ids in leases:
+            for chunk in chunks(ids):
+                gone += [
+                    (r[0], lease)
+                    for r in conn.execute(
+                        f"UPDATE fairq_messages SET avail_at = CASE WHEN avail_at < 0 "
+                        f"THEN {ACKED_UNCOUNTED} ELSE {ACKED} END, lease = NULL "
+                        f"WHERE id IN ({marks(len(chunk))}) AND lease = ? AND queue_id = ? "
+                        "AND (avail_at > ? OR avail_at < ?) RETURNING id",
+                        (*chunk, lease, qid, now, -now),
+                    )
+                ]
+        leases = []
     for lease, ids in leases:
         for chunk in chunks(ids):
             hit = [

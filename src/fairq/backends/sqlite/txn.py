@@ -8,8 +8,10 @@ message states mean, in ``schema.sql``.
 
 from __future__ import annotations
 
+import logging
 import math
 import sqlite3
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -23,7 +25,12 @@ from ...model.attention import AttentionConfig
 from ...model.queues import QueueConfig
 from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
+log = logging.getLogger("fairq.sqlite")
+
 SCHEMA_VERSION = 12
+# seconds after an upgrade to schema 12 before a writer uses its new row formats (the inbox,
+# ACKED_LEASE): four times the 0.5 s within which a process of an older fairq stops writing
+FORMATS_GRACE = 2.0
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
 # the greatest id handed out so far, as far as the file remembers it (see Store)
@@ -33,10 +40,12 @@ _LAST_ID = (
     "coalesce((SELECT max(id) FROM fairq_inbox), 0))"
 )
 # the inbox (schema.sql, version 12) moved into fairq_messages: its rows as visible messages
-# of priority 0 that were never delivered
+# of priority 0 that were never delivered (a row of a queue deleted since is dropped)
+_INBOX_COLUMNS = "id, queue_id, state, priority, avail_at, attempt, body, attrs"
 _DRAIN = (
-    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
-    "SELECT id, queue_id, 0, 0, avail_at, 0, body, attrs FROM fairq_inbox ORDER BY id"
+    f"INSERT INTO fairq_messages ({_INBOX_COLUMNS}) "
+    "SELECT id, queue_id, 0, 0, avail_at, 0, body, attrs FROM fairq_inbox "
+    "WHERE queue_id IN (SELECT id FROM fairq_queues) ORDER BY id"
 )
 
 
@@ -147,6 +156,15 @@ def apply_schema(conn: sqlite3.Connection) -> None:
             for statement in script.split(";"):
                 if statement.strip():
                     conn.execute(statement)
+            if 0 < version < 12:
+                # a process of the older fairq may write for up to 0.5 s more (it looks at
+                # the schema version that often, writer._SCHEMA_LOOKS): it would take the
+                # inbox's ids and read an ACKED_LEASE row as a live lease, so those two
+                # formats wait until it has stopped (Store.formats_from)
+                conn.execute(
+                    "INSERT OR REPLACE INTO fairq_meta (key, value) VALUES ('formats_from', ?)",
+                    (time.time() + FORMATS_GRACE,),
+                )
             if version < 9:
                 # older fairqs counted every send at once: every stored message is counted
                 conn.execute(
@@ -236,6 +254,10 @@ class Store:
         # drain was rolled back): Txn.drain looks only then
         self.inbox = 0
         self.inbox_unknown = True
+        # when this file's writers may use schema 12's row formats (apply_schema), and
+        # whether that time has come
+        self.formats_from = 0.0
+        self.new_formats = False
 
     def schedule(self, domain: str, due: float, now: float) -> None:
         """Remember that this connection wrote a delayed signal of ``domain`` due at ``due``."""
@@ -375,6 +397,14 @@ class Txn:
         if known is not None:
             self.store.uncounted[queue_id] = (known[0], known[1] + n, top)
 
+    def new_formats(self) -> bool:
+        """Whether this transaction may write schema 12's row formats (the inbox and
+        ``ACKED_LEASE``): not in the first seconds after an older file was upgraded."""
+        store = self.store
+        if not store.new_formats and time.time() >= store.formats_from:
+            store.new_formats = True
+        return store.new_formats
+
     def drain(self) -> None:
         """Move the inbox's rows (one-message sends, schema.sql) into ``fairq_messages``:
         first thing in every transaction that does more than send, and before a queue's
@@ -382,10 +412,49 @@ class Txn:
         store = self.store
         if not store.inbox and not store.inbox_unknown:
             return
-        if self.conn.execute(_DRAIN).rowcount:
-            self.conn.execute("DELETE FROM fairq_inbox")  # all of it: no WHERE, no scan
+        conn = self.conn
+        n, top = conn.execute("SELECT count(*), max(id) FROM fairq_inbox").fetchone()
+        if n:
+            try:
+                moved = conn.execute(_DRAIN).rowcount
+            except sqlite3.IntegrityError:
+                moved = self._drain_clashing()
+            if moved < n:  # rows of deleted queues: their ids must not come back either
+                self.deleted(top)
+            conn.execute("DELETE FROM fairq_inbox")  # all of it: no WHERE, no scan
         store.inbox = 0
         store.inbox_unknown = False
+
+    def _drain_clashing(self) -> int:
+        """The drain when an inbox row's id is taken in ``fairq_messages`` (a fairq older
+        than schema 12, still running on the file after it was upgraded, handed that id
+        out): such a row moves under a new id, rather than every transaction failing."""
+        conn = self.conn
+        rows = conn.execute(
+            "SELECT id, queue_id, avail_at, body, attrs FROM fairq_inbox "
+            "WHERE queue_id IN (SELECT id FROM fairq_queues) ORDER BY id"
+        ).fetchall()
+        taken: set[int] = set()
+        for chunk in chunks([r[0] for r in rows]):
+            taken.update(
+                r[0]
+                for r in conn.execute(
+                    f"SELECT id FROM fairq_messages WHERE id IN ({marks(len(chunk))})", chunk
+                )
+            )
+        fresh = iter(self.allocate(len(taken), stored=True))
+        self.store.uncounted.clear()  # counted again by id (Txn.fold), new ids and all
+        log.warning(
+            "sqlite: %d message id(s) of the inbox were taken (an older fairq wrote to the "
+            "file after its upgrade): those messages got new ids",
+            len(taken),
+        )
+        insert_rows(
+            conn,
+            f"INSERT INTO fairq_messages ({_INBOX_COLUMNS}) VALUES (?, ?, 0, 0, ?, 0, ?, ?)",
+            [(next(fresh) if r[0] in taken else r[0], *r[1:]) for r in rows],
+        )
+        return len(rows)
 
     def fold(self, queue_id: int) -> None:
         """Count the queue's messages stored since its counters were last brought up to

@@ -290,6 +290,8 @@ class Writer:
                         self._page_size,
                     )
             apply_schema(conn)
+            row = conn.execute("SELECT value FROM fairq_meta WHERE key = 'formats_from'").fetchone()
+            self._store.formats_from = float(row[0]) if row else 0.0
         except BaseException:
             conn.close()
             raise
@@ -511,6 +513,10 @@ class Writer:
         try:
             t = self._begin(conn, all(job[0] is store.send for job in batch))
             for unit in units:
+                if unit[0][0] is not store.send:
+                    # the sends of this transaction so far are in the inbox: whatever else
+                    # runs sees them (a delete_queue after a send must take its message)
+                    t.drain()
                 if single:
                     fn, args, fut = unit[0]
                     value = fn(t, *args)  # a failure rolls back the whole transaction
