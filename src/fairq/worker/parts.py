@@ -123,7 +123,7 @@ class _Acks:
     """The acks of one queue's handled messages waiting for the next ``ack_batch``."""
 
     queue: Queue
-    entries: list[tuple[_Consumer, Received]]
+    entries: list[Received]
 
 
 @dataclass(slots=True, eq=False)

@@ -519,7 +519,7 @@ class Runtime:
             q = c.queue or queue_of(msg)  # an attention consumer has no queue of its own
             acks = self._acks[q.name] = _Acks(q, [])
             asyncio.get_running_loop().call_soon(self._send_acks, q.name)
-        acks.entries.append((c, msg))
+        acks.entries.append(msg)
 
     def _send_acks(self, name: str) -> None:
         acks = self._acks.pop(name, None)
@@ -540,7 +540,7 @@ class Runtime:
         entries = acks.entries
         lost: set[str] = set()
         try:
-            await acks.queue.ack_batch([m.receipt for _, m in entries])
+            await acks.queue.ack_batch([m.receipt for m in entries])
         except LeaseLost as exc:
             lost = set(exc.lost)
         except Exception as exc:
@@ -549,9 +549,11 @@ class Runtime:
             log.log(
                 level, "could not ack %d message(s) on %s: %s", len(entries), acks.queue.name, exc
             )
-            self._not_acked([m for _, m in entries])
-        self._not_acked([m for _, m in entries if m.receipt in lost])
-        for _, msg in entries:
+            self._not_acked(entries)
+        if not lost:  # (the usual case: no pass over the batch)
+            return
+        self._not_acked([m for m in entries if m.receipt in lost])
+        for msg in entries:
             if msg.receipt in lost:
                 self.stats.lease_lost += 1
                 log.warning(
