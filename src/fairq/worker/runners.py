@@ -34,29 +34,27 @@ T = TypeVar("T")
 
 @types.coroutine
 def run_in(
-    ctx: contextvars.Context, coro: Coroutine[Any, Any, None], on_wait: Callable[[], None]
+    ctx: contextvars.Context, coro: Coroutine[Any, Any, None], yielded: Any
 ) -> Generator[Any, None, None]:
-    """Await ``coro`` with each of its steps run in ``ctx``; call ``on_wait`` the first
-    time it waits (yields a future to the task)."""
+    """Await the rest of ``coro``, whose first step (run in ``ctx``) yielded ``yielded``
+    (a future, to the task): each of its further steps runs in ``ctx`` too."""
     send, throw = coro.send, coro.throw
-    exc: BaseException | None = None
-    waited = False
     while True:
         try:
-            yielded = ctx.run(send, None) if exc is None else ctx.run(throw, exc)
-        except StopIteration:
-            return
-        if not waited:
-            waited = True
-            on_wait()
-        try:
             yield yielded
-            exc = None
         except GeneratorExit:
             coro.close()
             raise
         except BaseException as e:  # a cancellation, thrown in by the task: pass it on
-            exc = e
+            try:
+                yielded = ctx.run(throw, e)
+            except StopIteration:
+                return
+            continue
+        try:
+            yielded = ctx.run(send, None)
+        except StopIteration:
+            return
 
 
 class Runners(Generic[T]):
@@ -131,6 +129,7 @@ class Runners(Generic[T]):
         backlog = self.backlog
         stopping = self._stopping
         more = self.more
+        handle = self._handle
         copy = contextvars.copy_context
         while not stopping.is_set():
             if not backlog:
@@ -141,8 +140,16 @@ class Runners(Generic[T]):
                 await waiter
                 continue
             item = backlog.popleft()
+            ctx = copy()
+            coro = handle(item, me)
             try:
-                await run_in(copy(), self._handle(item, me), more)
+                # its first step here: a handler that returns without waiting costs no more
+                try:
+                    yielded = ctx.run(coro.send, None)
+                except StopIteration:
+                    continue
+                more()  # it waits: another runner carries on with the backlog
+                await run_in(ctx, coro, yielded)
             except asyncio.CancelledError:
                 if me.cancelling():
                     raise
