@@ -496,7 +496,17 @@ class Runtime:
         c, msg = run.consumer, run.msg
         handled = False
         try:
-            handled = await self._invoke(c, msg)
+            if c.is_async and c.idempotency is None and self._metrics is None:
+                # what _invoke does, without a coroutine of its own for the usual handler
+                try:
+                    await c.handler(msg)
+                except (asyncio.CancelledError, Exception) as exc:
+                    await self._raised(c, msg, None, exc)
+                else:
+                    self._succeeded(c, msg)
+                    handled = True
+            else:
+                handled = await self._invoke(c, msg)
         finally:
             # from here on no lease keeping: the ack is on its way (or nothing is left to do);
             # an extension already sent that finds the message acked is no lost lease
@@ -576,14 +586,13 @@ class Runtime:
         """Run ``c``'s handler on ``msg``; settle a rejection (dead letter) or a failure (nack
         with backoff) here. True when the handler succeeded: the caller acks."""
         claim: Claim | None = None
-        counts = c.run
         # handler times only while metrics are served (two clock reads and a bucket a message)
         timed = self._metrics is not None
         try:
             if c.idempotency is not None:
                 first, claim = await self._claim(c, msg)
                 if not first:
-                    counts.duplicate += 1
+                    c.run.duplicate += 1
                     return False
             started = monotonic() if timed else 0.0
             try:
@@ -597,35 +606,45 @@ class Runtime:
                     )
             finally:
                 if timed:
-                    counts.times.observe(monotonic() - started)
-        except Reject as rej:
-            self.stats.rejected += 1
-            counts.rejected += 1
-            await self._end_claim(claim, done=False)
-            await self._settle(msg.dead_letter(safe_detail(str(rej.reason))), msg)
+                    c.run.times.observe(monotonic() - started)
+        except (asyncio.CancelledError, Exception) as exc:
+            await self._raised(c, msg, claim, exc)
             return False
-        except asyncio.CancelledError:
-            me = asyncio.current_task()
-            if me is None or me.cancelling():
-                await asyncio.shield(self._end_claim(claim, done=False))
-                raise
-            # the handler's own CancelledError (a task or timeout of its own that it let
-            # out), not this worker's cancellation: a failure like any other, retried now
-            # rather than left to wait for the end of its lease
-            counts.failed += 1
-            await self._failed(c, msg, claim)
-            return False
-        except Exception:
-            counts.failed += 1
-            await self._failed(c, msg, claim)
-            return False
-        counts.ok += 1
-        stats = self.stats
-        stats.acked += 1
-        stats.per_queue[msg.queue] = stats.per_queue.get(msg.queue, 0) + 1
+        self._succeeded(c, msg)
         if claim is not None:  # before the ack: a crash between the two leaves a duplicate,
             await self._end_claim(claim, done=True)  # not a rerun
         return True
+
+    def _succeeded(self, c: _Consumer, msg: Received) -> None:
+        """Count a handler that returned (its message is acked)."""
+        c.run.ok += 1
+        stats = self.stats
+        stats.acked += 1
+        stats.per_queue[msg.queue] = stats.per_queue.get(msg.queue, 0) + 1
+
+    async def _raised(
+        self, c: _Consumer, msg: Received, claim: Claim | None, exc: BaseException
+    ) -> None:
+        """Settle what a handler raised (called inside its ``except``, for the traceback): a
+        rejection is dead-lettered, a failure nacked; the worker's own cancellation of the
+        handler releases the claim and goes on up."""
+        counts = c.run
+        if isinstance(exc, Reject):
+            self.stats.rejected += 1
+            counts.rejected += 1
+            await self._end_claim(claim, done=False)
+            await self._settle(msg.dead_letter(safe_detail(str(exc.reason))), msg)
+            return
+        if isinstance(exc, asyncio.CancelledError):
+            me = asyncio.current_task()
+            if me is None or me.cancelling():
+                await asyncio.shield(self._end_claim(claim, done=False))
+                raise exc
+            # the handler's own CancelledError (a task or timeout of its own that it let
+            # out), not this worker's cancellation: a failure like any other, retried now
+            # rather than left to wait for the end of its lease
+        counts.failed += 1
+        await self._failed(c, msg, claim)
 
     async def _failed(self, c: _Consumer, msg: Received, claim: Claim | None) -> None:
         """Settle a handler's failure (called inside its ``except``, for the traceback):
