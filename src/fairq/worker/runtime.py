@@ -502,8 +502,11 @@ class Runtime:
                     await c.handler(msg)
                 except (asyncio.CancelledError, Exception) as exc:
                     await self._raised(c, msg, None, exc)
-                else:
-                    self._succeeded(c, msg)
+                else:  # (_succeeded and the usual case of _queue_ack, inlined)
+                    c.run.ok += 1
+                    stats = self.stats
+                    stats.acked += 1
+                    stats.per_queue[msg.queue] = stats.per_queue.get(msg.queue, 0) + 1
                     handled = True
             else:
                 handled = await self._invoke(c, msg)
@@ -513,7 +516,11 @@ class Runtime:
             run.settled = True
             self._running.pop(msg.receipt, None)
             if handled:
-                self._queue_ack(c, msg)
+                acks = self._acks.get(msg.queue)
+                if acks is None:
+                    self._queue_ack(c, msg)
+                else:
+                    acks.entries.append(msg)
             self._free += 1
             c.busy -= 1
             if self._slot_waiters:
