@@ -10,6 +10,7 @@ import contextvars
 from pathlib import Path
 
 import fairq
+from fairq.worker.runners import Runners
 
 _seen: contextvars.ContextVar[str | None] = contextvars.ContextVar("seen", default=None)
 
@@ -149,3 +150,33 @@ async def test_stop_gives_back_what_no_runner_started(tmp_path: Path) -> None:
         assert (s.in_flight, s.visible, s.acked) == (0, 3, 1)
         again = await q.receive(max_messages=3)
         assert [m.attempt for m in again] == [1, 1, 1]  # given back without an attempt
+
+
+async def test_a_runner_goes_on_after_an_item_that_raises() -> None:
+    """``handle`` settles every outcome itself, but an item that raises anyway (at once, or
+    after a wait) is logged and the runner goes on with the rest of the backlog, each item
+    still in a fresh context."""
+    stopping = asyncio.Event()
+    ran: list[tuple[int, str | None]] = []
+    done = asyncio.Event()
+
+    async def handle(item: int, task: asyncio.Task[None]) -> None:
+        ran.append((item, _seen.get()))
+        _seen.set(f"item {item}")
+        if item in (3, 4):
+            await asyncio.sleep(0)
+        if item in (1, 3):
+            raise RuntimeError(f"item {item}")
+        if item == 4:
+            raise asyncio.CancelledError  # not the runner's cancellation
+        if item == 7:
+            done.set()
+
+    runners: Runners[int] = Runners("work", 1, handle, stopping)
+    runners.add(list(range(8)))
+    await asyncio.wait_for(done.wait(), 10)
+    assert ran == [(i, None) for i in range(8)]
+    assert len(runners.tasks) == 1  # one runner did it all
+    stopping.set()
+    runners.stop()
+    await asyncio.wait_for(asyncio.gather(*runners.tasks), 10)

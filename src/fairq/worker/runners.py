@@ -32,28 +32,44 @@ log = logging.getLogger("fairq.worker")
 T = TypeVar("T")
 
 
+#: what a runner's driver yields once an item has run to its end (a handler never yields it)
+_DONE = object()
+
+
+@types.coroutine
+def _drive(
+    handle: Callable[[Any, asyncio.Task[None]], Coroutine[Any, Any, None]], me: asyncio.Task[None]
+) -> Generator[Any, Any, None]:
+    """Run each item sent in to its end, then yield ``_DONE``; every step runs in whatever
+    context the runner steps it in (``ctx.run(driver.send, item)``).
+
+    One long-lived generator instead of stepping each item's coroutine from the runner: a
+    coroutine that ends when sent to raises StopIteration, which costs a message as much as
+    its context copy and ``ctx.run`` together. An item that raises ends the driver."""
+    item = yield _DONE
+    while True:
+        yield from handle(item, me)
+        item = yield _DONE
+
+
 @types.coroutine
 def run_in(
-    ctx: contextvars.Context, coro: Coroutine[Any, Any, None], yielded: Any
+    ctx: contextvars.Context, driver: Generator[Any, Any, None], yielded: Any
 ) -> Generator[Any, None, None]:
-    """Await the rest of ``coro``, whose first step (run in ``ctx``) yielded ``yielded``
-    (a future, to the task): each of its further steps runs in ``ctx`` too."""
-    send, throw = coro.send, coro.throw
+    """Await the rest of the item ``driver`` runs, whose first step (run in ``ctx``) yielded
+    ``yielded`` (a future, to the task): each of its further steps runs in ``ctx`` too."""
+    send, throw = driver.send, driver.throw
     while True:
         try:
             yield yielded
         except GeneratorExit:
-            coro.close()
+            driver.close()
             raise
         except BaseException as e:  # a cancellation, thrown in by the task: pass it on
-            try:
-                yielded = ctx.run(throw, e)
-            except StopIteration:
-                return
-            continue
-        try:
+            yielded = ctx.run(throw, e)
+        else:
             yielded = ctx.run(send, None)
-        except StopIteration:
+        if yielded is _DONE:
             return
 
 
@@ -131,6 +147,9 @@ class Runners(Generic[T]):
         more = self.more
         handle = self._handle
         copy = contextvars.copy_context
+        driver = _drive(handle, me)
+        driver.send(None)
+        step = driver.send
         while not stopping.is_set():
             if not backlog:
                 if self._closed:
@@ -141,15 +160,12 @@ class Runners(Generic[T]):
                 continue
             item = backlog.popleft()
             ctx = copy()
-            coro = handle(item, me)
             try:
                 # its first step here: a handler that returns without waiting costs no more
-                try:
-                    yielded = ctx.run(coro.send, None)
-                except StopIteration:
-                    continue
-                more()  # it waits: another runner carries on with the backlog
-                await run_in(ctx, coro, yielded)
+                yielded = ctx.run(step, item)
+                if yielded is not _DONE:
+                    more()  # it waits: another runner carries on with the backlog
+                    await run_in(ctx, driver, yielded)
             except asyncio.CancelledError:
                 if me.cancelling():
                     raise
@@ -159,3 +175,8 @@ class Runners(Generic[T]):
                 )
             except Exception:  # pragma: no cover - handle() settles every outcome itself
                 log.exception("a message of %s could not be handled", self.name)
+            else:
+                continue
+            driver = _drive(handle, me)  # what the item raised ended the last one
+            driver.send(None)
+            step = driver.send
