@@ -68,12 +68,15 @@ class _StubConnection:
         if sql.startswith("UPDATE fairq_messages SET state = 1"):
             self.lease = params[1]
             return _Rows([])
-        if sql.startswith("UPDATE fairq_messages SET avail_at = CASE"):  # an ack: marked
+        if sql.startswith(  # an ack: marked (schema 12: the lease; before: the due time)
+            ("UPDATE fairq_messages SET lease = -1", "UPDATE fairq_messages SET avail_at = CASE")
+        ):
             return _Rows([(self.msg_id,)])
         if sql.startswith(
             (
                 "UPDATE fairq_messages SET avail_at = -avail_at",
                 "DELETE FROM fairq_messages WHERE state = 1 AND avail_at >= -1",
+                "DELETE FROM fairq_messages WHERE state = 1 AND avail_at < -1",
             )
         ):
             return _Rows([])  # settling (every 256 receives and acks): nothing under the stub

@@ -138,7 +138,7 @@ def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
     common send, with nothing to decide, appended to the inbox (the next transaction that
     does anything else moves it into ``fairq_messages``: Txn.drain); return its id."""
     (mid,) = t.allocate(1, stored=True)
-    if t.new_formats():
+    if t.store.new_formats or t.new_formats():
         t.conn.execute(_INSERT_ONE, (mid, q.id, t.now, body, attrs))
         t.store.inbox += 1
     else:  # just after an upgrade (Txn.new_formats): as a fairq before schema 12 did
@@ -324,6 +324,10 @@ def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     t.op_notify.add(q.name)
 
 
+# the UPDATE that marks k rows of uncounted receives acked, by k (schema 12)
+_MARK_SQL: dict[int, str] = {}
+
+
 def _mark_acked(
     t: Txn, q: QueueRow, receipts: Sequence[str], leases: list[tuple[int, list[int]]]
 ) -> tuple[int, list[str]]:
@@ -353,15 +357,15 @@ def _mark_acked(
         leases = []
     for lease, ids in leases:
         for chunk in chunks(ids):
-            hit = [
-                r[0]
-                for r in conn.execute(
+            k = len(chunk)
+            sql = _MARK_SQL.get(k)
+            if sql is None:
+                sql = _MARK_SQL[k] = (
                     f"UPDATE fairq_messages SET lease = {ACKED_LEASE} "
-                    f"WHERE id IN ({marks(len(chunk))}) AND lease = ? AND queue_id = ? "
-                    "AND avail_at < ? RETURNING id",
-                    (*chunk, lease, qid, -now),
+                    f"WHERE id IN ({marks(k)}) AND lease = ? AND queue_id = ? "
+                    "AND avail_at < ? RETURNING id"
                 )
-            ]
+            hit = [r[0] for r in conn.execute(sql, (*chunk, lease, qid, -now))]
             if len(hit) < len(chunk):  # counted receives (or receipts of no current lease)
                 found = set(hit)
                 rest = [mid for mid in chunk if mid not in found]

@@ -508,7 +508,8 @@ class Txn:
         deltas.clear()
 
     def op_done(self) -> None:
-        self.flush()
+        if self._deltas:
+            self.flush()
         if self.op_notify:
             self.notify |= self.op_notify
             self.op_notify.clear()

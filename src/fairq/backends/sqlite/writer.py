@@ -392,7 +392,12 @@ class Writer:
             self._rolled_back(conn, exc, [(fn, args, fut)])
             return
         self._turn_over()
-        self._resolve([(fut, value, None)], t.notify)
+        if fut.cancelled():  # (a receive given up: _resolve hands its leases back)
+            self._resolve([(fut, value, None)], t.notify)
+            return
+        fut.set_result(value)
+        if t.notify:
+            self.wakeups.notify(t.notify)
 
     def _turn_over(self) -> None:
         """After a transaction: take back this writer's announcement, and yield the next
@@ -483,16 +488,18 @@ class Writer:
         acked rows settled and expired dedup ids dropped now and then."""
         if self._outdated is not None:  # (the checkpointer thread looks: _checkpoint_loop)
             raise self._outdated
-        t = Txn(self._store, conn, self.clock.now())
         known = self._store
+        now = self.clock.now()
+        t = Txn(known, conn, now)
         if not sends_only or known.inbox >= _INBOX_ROWS:
             t.drain()
-        messages.sweep(t)
-        if known.unsettled >= _SETTLE_ROWS or t.now - known.settled_at >= _SETTLE_EVERY:
+        if now >= known.due:  # (most transactions: nothing due, nothing to sweep)
+            messages.sweep(t)
+        if known.unsettled >= _SETTLE_ROWS or now - known.settled_at >= _SETTLE_EVERY:
             messages.settle(t)
         t.op_done()
-        if t.now - self._last_dedup_cleanup > _DEDUP_CLEANUP_EVERY:
-            self._last_dedup_cleanup = t.now
+        if now - self._last_dedup_cleanup > _DEDUP_CLEANUP_EVERY:
+            self._last_dedup_cleanup = now
             store.drop_expired_dedup(t)
         return t
 
