@@ -27,7 +27,7 @@ from ..rules import (
     CopyPlan,
     dead_letter_attributes,
 )
-from .txn import QueueRow, Row, Txn, chunks, insert_rows, marks
+from .txn import INSERT_VISIBLE, QueueRow, Row, Txn, chunks, in_list, insert_rows, marks
 
 READY, WAITING, BLOCKED = 0, 1, 2
 # a published copy keeps its body in fairq_bodies (shared by its topic's copies): body_ref
@@ -105,11 +105,8 @@ def insert(t: Txn, q: QueueRow, items: Sequence[Item]) -> list[int]:
 
 # the common send goes to the inbox (schema.sql, version 12): one B-tree page, not three
 _INSERT_ONE = "INSERT INTO fairq_inbox (id, queue_id, avail_at, body, attrs) VALUES (?, ?, ?, ?, ?)"
-# a batch of such messages goes straight to fairq_messages (its pages are shared by its rows)
-_INSERT_VISIBLE = (
-    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
-    "VALUES (?, ?, 0, 0, ?, 0, ?, ?)"
-)
+# (a batch of such messages goes straight to fairq_messages, txn.INSERT_VISIBLE: its pages
+# are shared by its rows)
 # the columns a visible message without a group sets (fewer parameters to bind per row)
 _INSERT_PLAIN = (
     "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
@@ -142,7 +139,7 @@ def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
         t.conn.execute(_INSERT_ONE, (mid, q.id, t.now, body, attrs))
         t.store.inbox += 1
     else:  # just after an upgrade (Txn.new_formats): as a fairq before schema 12 did
-        t.conn.execute(_INSERT_VISIBLE, (mid, q.id, t.now, body, attrs))
+        t.conn.execute(INSERT_VISIBLE, (mid, q.id, t.now, body, attrs))
     t.stored(q.id, 1, mid)
     t.op_notify.add(q.name)
     return mid
@@ -157,7 +154,7 @@ def insert_visible(t: Txn, q: QueueRow, envs: Sequence[Envelope]) -> range:
     dumps = orjson.dumps
     insert_rows(
         t.conn,
-        _INSERT_VISIBLE,
+        INSERT_VISIBLE,
         [
             (mid, qid, now, e.body, dumps(e.attributes) if e.attributes else None)
             for mid, e in zip(ids, envs, strict=True)
@@ -324,10 +321,28 @@ def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
     t.op_notify.add(q.name)
 
 
-# the DELETE of a big ack of k rows, by k
-_DELETE_SQL: dict[int, str] = {}
-# the UPDATE that marks k rows of uncounted receives acked, by k (schema 12)
-_MARK_SQL: dict[int, str] = {}
+# an ack of a few: a row whose receive is not counted yet takes ACKED_LEASE (schema 12), any
+# other becomes ACKED; just after an upgrade (Txn.new_formats) both move as before schema 12
+_MARK_UNCOUNTED = (
+    f"UPDATE fairq_messages SET lease = {ACKED_LEASE} WHERE id IN ({{marks}}) AND lease = ? "
+    "AND queue_id = ? AND avail_at < ? RETURNING id"
+)
+_MARK_COUNTED = (
+    f"UPDATE fairq_messages SET avail_at = {ACKED}, lease = NULL WHERE id IN ({{marks}}) "
+    "AND lease = ? AND queue_id = ? AND avail_at > ? RETURNING id"
+)
+_MARK_BEFORE_12 = (
+    f"UPDATE fairq_messages SET avail_at = CASE WHEN avail_at < 0 THEN {ACKED_UNCOUNTED} "
+    f"ELSE {ACKED} END, lease = NULL WHERE id IN ({{marks}}) AND lease = ? AND queue_id = ? "
+    "AND (avail_at > ? OR avail_at < ?) RETURNING id"
+)
+# an ack of many: (id, body_ref, grp, the attempt of a receive not counted yet) of each
+# deleted row (four columns returned where six cost a fifth more)
+_DELETE_ACKED = (
+    "DELETE FROM fairq_messages WHERE id IN ({marks}) AND lease = ? AND queue_id = ? "
+    "AND (avail_at > ? OR avail_at < ?) "
+    "RETURNING id, body_ref, grp, CASE WHEN avail_at < 0 THEN attempt END"
+)
 
 
 def _mark_acked(
@@ -342,44 +357,21 @@ def _mark_acked(
     conn = t.conn
     now = t.now
     qid = q.id
+    new = t.new_formats()
     gone: list[tuple[int, int]] = []
-    if not t.new_formats():  # just after an upgrade: as a fairq before schema 12 did
-        for lease, ids in leases:
-            for chunk in chunks(ids):
-                gone += [
-                    (r[0], lease)
-                    for r in conn.execute(
-                        f"UPDATE fairq_messages SET avail_at = CASE WHEN avail_at < 0 "
-                        f"THEN {ACKED_UNCOUNTED} ELSE {ACKED} END, lease = NULL "
-                        f"WHERE id IN ({marks(len(chunk))}) AND lease = ? AND queue_id = ? "
-                        "AND (avail_at > ? OR avail_at < ?) RETURNING id",
-                        (*chunk, lease, qid, now, -now),
-                    )
-                ]
-        leases = []
     for lease, ids in leases:
         for chunk in chunks(ids):
-            k = len(chunk)
-            sql = _MARK_SQL.get(k)
-            if sql is None:
-                sql = _MARK_SQL[k] = (
-                    f"UPDATE fairq_messages SET lease = {ACKED_LEASE} "
-                    f"WHERE id IN ({marks(k)}) AND lease = ? AND queue_id = ? "
-                    "AND avail_at < ? RETURNING id"
-                )
+            if not new:
+                sql = in_list(_MARK_BEFORE_12, len(chunk))
+                gone += [(r[0], lease) for r in conn.execute(sql, (*chunk, lease, qid, now, -now))]
+                continue
+            sql = in_list(_MARK_UNCOUNTED, len(chunk))
             hit = [r[0] for r in conn.execute(sql, (*chunk, lease, qid, -now))]
             if len(hit) < len(chunk):  # counted receives (or receipts of no current lease)
-                found = set(hit)
-                rest = [mid for mid in chunk if mid not in found]
-                hit += [
-                    r[0]
-                    for r in conn.execute(
-                        f"UPDATE fairq_messages SET avail_at = {ACKED}, lease = NULL "
-                        f"WHERE id IN ({marks(len(rest))}) AND lease = ? AND queue_id = ? "
-                        "AND avail_at > ? RETURNING id",
-                        (*rest, lease, qid, now),
-                    )
-                ]
+                marked = set(hit)
+                rest = [mid for mid in chunk if mid not in marked]
+                sql = in_list(_MARK_COUNTED, len(rest))
+                hit += [r[0] for r in conn.execute(sql, (*rest, lease, qid, now))]
             gone += [(mid, lease) for mid in hit]
     if len(gone) == len(receipts):
         lost: list[str] = []  # every receipt named a current lease (the common case)
@@ -597,20 +589,11 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
     now = t.now
     qid = q.id
     conn = t.conn
-    # (id, body_ref, grp, the attempt of a receive not counted yet) of each deleted row,
-    # with the lease that named it: four columns returned where six cost a fifth more
     rows: list[Row] = []
-    parts: list[tuple[int, list[Row]]] = []
+    parts: list[tuple[int, list[Row]]] = []  # each statement's rows, with its lease
     for lease, ids in leases:
         for chunk in chunks(ids):
-            k = len(chunk)
-            sql = _DELETE_SQL.get(k)
-            if sql is None:
-                sql = _DELETE_SQL[k] = (
-                    f"DELETE FROM fairq_messages WHERE id IN ({marks(k)}) AND lease = ? "
-                    "AND queue_id = ? AND (avail_at > ? OR avail_at < ?) "
-                    "RETURNING id, body_ref, grp, CASE WHEN avail_at < 0 THEN attempt END"
-                )
+            sql = in_list(_DELETE_ACKED, len(chunk))
             got = conn.execute(sql, (*chunk, lease, qid, now, -now)).fetchall()
             rows += got
             parts.append((lease, got))

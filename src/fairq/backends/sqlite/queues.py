@@ -47,7 +47,7 @@ from .messages import (
     rows_by_id,
     settle,
 )
-from .txn import Row, Txn, chunks, marks
+from .txn import Row, Txn, chunks, in_list, marks
 
 
 # -- operations ----------------------------------------------------------------------------
@@ -127,8 +127,11 @@ def send(t: Txn, name: str, envs: list[Envelope]) -> list[str]:
     return plan.answer(made)
 
 
-# the UPDATE that leases k rows, by k (one text per size: no string built per receive)
-_LEASE_SQL: dict[int, str] = {}
+# a receive's lease of the rows it takes
+_LEASE = (
+    "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, lease = ? "
+    "WHERE id IN ({marks})"
+)
 
 
 def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list[Received]:
@@ -157,14 +160,7 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
         if not rows:
             continue
         ids = [r[0] for r in rows]
-        k = len(ids)
-        sql = _LEASE_SQL.get(k)
-        if sql is None:
-            sql = _LEASE_SQL[k] = (
-                "UPDATE fairq_messages SET state = 1, avail_at = ?, attempt = attempt + 1, "
-                f"lease = ? WHERE id IN ({marks(k)})"
-            )
-        conn.execute(sql, (-until if lazy else until, lease, *ids))
+        conn.execute(in_list(_LEASE, len(ids)), (-until if lazy else until, lease, *ids))
         t.waiting_until(until)
         k = len(rows)
         qid = q.id

@@ -41,12 +41,29 @@ _LAST_ID = (
 )
 # the inbox (schema.sql, version 12) moved into fairq_messages: its rows as visible messages
 # of priority 0 that were never delivered (a row of a queue deleted since is dropped)
-_INBOX_COLUMNS = "id, queue_id, state, priority, avail_at, attempt, body, attrs"
 _DRAIN = (
-    f"INSERT INTO fairq_messages ({_INBOX_COLUMNS}) "
+    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
     "SELECT id, queue_id, 0, 0, avail_at, 0, body, attrs FROM fairq_inbox "
     "WHERE queue_id IN (SELECT id FROM fairq_queues) ORDER BY id"
 )
+
+
+# a visible message of priority 0 never delivered, as a row of fairq_messages: a batch's
+# messages, and an inbox row moved under a new id (Txn._drain_clashing)
+INSERT_VISIBLE = (
+    "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, body, attrs) "
+    "VALUES (?, ?, 0, 0, ?, 0, ?, ?)"
+)
+
+
+def in_list(sql: str, n: int, _cache: dict[tuple[str, int], str] = {}) -> str:  # noqa: B006
+    """``sql`` with its ``{marks}`` replaced by ``n`` placeholders; each text is built once
+    (a memo), so a statement on the hot path is not formatted on every call."""
+    key = (sql, n)
+    text = _cache.get(key)
+    if text is None:
+        text = _cache[key] = sql.replace("{marks}", marks(n))
+    return text
 
 
 def marks(n: int, _cache: dict[int, str] = {}) -> str:  # noqa: B006 - deliberate memo
@@ -407,8 +424,8 @@ class Txn:
 
     def drain(self) -> None:
         """Move the inbox's rows (one-message sends, schema.sql) into ``fairq_messages``:
-        first thing in every transaction that does more than send, and before a queue's
-        rows are counted (:meth:`fold`). Free when this connection knows the inbox is empty."""
+        before every operation that is not a send (the writer) and before a queue's rows
+        are counted (:meth:`fold`). Free when this connection knows the inbox is empty."""
         store = self.store
         if not store.inbox and not store.inbox_unknown:
             return
@@ -451,7 +468,7 @@ class Txn:
         )
         insert_rows(
             conn,
-            f"INSERT INTO fairq_messages ({_INBOX_COLUMNS}) VALUES (?, ?, 0, 0, ?, 0, ?, ?)",
+            INSERT_VISIBLE,
             [(next(fresh) if r[0] in taken else r[0], *r[1:]) for r in rows],
         )
         return len(rows)

@@ -82,9 +82,9 @@ _SETTLE_ROWS = 256
 # again), with no work on the loop's transactions but an attribute test
 _SCHEMA_LOOKS = 5
 _SETTLE_EVERY = 1.0
-# A transaction of nothing but sends leaves the inbox (schema.sql, version 12) for the next
-# one that does more, until this writer has appended this many rows there: then it drains
-# it too, so a producer that nothing else follows keeps the inbox, and each drain, small
+# Sends leave the inbox (schema.sql, version 12) for the next operation that is not a send,
+# until this writer has appended this many rows there: then its next transaction drains it,
+# so a producer that nothing else follows keeps the inbox, and each drain, small
 _INBOX_ROWS = 256
 
 Job = tuple[Callable[..., Any], tuple[Any, ...], "asyncio.Future[Any]"]
@@ -381,7 +381,9 @@ class Writer:
         self._busy_since = None
         self._retry_delay = _RETRY_FIRST
         try:
-            t = self._begin(conn, fn is store.send)
+            t = self._begin(conn)
+            if fn is not store.send:
+                t.drain()  # (the inbox: schema.sql)
             value = fn(t, *args)
             t.op_done()
             t.finish()
@@ -482,16 +484,18 @@ class Writer:
             if not fut.done():
                 fut.set_exception(err)
 
-    def _begin(self, conn: sqlite3.Connection, sends_only: bool) -> Txn:
-        """The transaction just begun, with what every transaction does first: the inbox
-        drained (unless it only sends), due delays and leases brought to their next state,
-        acked rows settled and expired dedup ids dropped now and then."""
+    def _begin(self, conn: sqlite3.Connection) -> Txn:
+        """The transaction just begun, with what every transaction does first: due delays
+        and leases brought to their next state, acked rows settled, expired dedup ids
+        dropped now and then, and the inbox drained once this writer has left
+        ``_INBOX_ROWS`` there (each operation but a send drains it too: _run_now,
+        _run_batch)."""
         if self._outdated is not None:  # (the checkpointer thread looks: _checkpoint_loop)
             raise self._outdated
         known = self._store
         now = self.clock.now()
         t = Txn(known, conn, now)
-        if not sends_only or known.inbox >= _INBOX_ROWS:
+        if known.inbox >= _INBOX_ROWS:
             t.drain()
         if now >= known.due:  # (most transactions: nothing due, nothing to sweep)
             messages.sweep(t)
@@ -518,11 +522,11 @@ class Writer:
         units = _merge(batch)
         single = len(units) == 1 and len(units[0]) == 1
         try:
-            t = self._begin(conn, all(job[0] is store.send for job in batch))
+            t = self._begin(conn)
             for unit in units:
                 if unit[0][0] is not store.send:
-                    # the sends of this transaction so far are in the inbox: whatever else
-                    # runs sees them (a delete_queue after a send must take its message)
+                    # whatever is not a send sees every send before it, this transaction's
+                    # too (a delete_queue after a send must take its message)
                     t.drain()
                 if single:
                     fn, args, fut = unit[0]
