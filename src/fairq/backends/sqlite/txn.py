@@ -266,6 +266,10 @@ class Store:
         # (messages.settle): what tells the writer when to settle again
         self.unsettled = 0
         self.settled_at = -math.inf
+        # queues whose big acks last met rows that a plain DELETE cannot settle (a shared
+        # body or a group): their next big ack goes straight to the DELETE ... RETURNING
+        # (messages.ack_leased)
+        self.returning_acks: set[int] = set()
         # rows this connection appended to fairq_inbox since it last drained it, and whether
         # the inbox may hold rows it does not know of (another connection committed, or a
         # drain was rolled back): Txn.drain looks only then
