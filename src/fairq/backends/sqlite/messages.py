@@ -336,6 +336,20 @@ _MARK_BEFORE_12 = (
     f"ELSE {ACKED} END, lease = NULL WHERE id IN ({{marks}}) AND lease = ? AND queue_id = ? "
     "AND (avail_at > ? OR avail_at < ?) RETURNING id"
 )
+
+
+def _hits(
+    conn: sqlite3.Connection, sql: str, ids: Sequence[int], params: tuple[int | float, ...]
+) -> list[int]:
+    """The ids among ``ids`` that UPDATE ``sql`` (ending in ``RETURNING id``) changed. One
+    id needs no RETURNING (which costs about as much as the statement itself): the row
+    count tells."""
+    if len(ids) == 1:
+        sql = in_list(sql.removesuffix(" RETURNING id"), 1)
+        return list(ids) if conn.execute(sql, (*ids, *params)).rowcount else []
+    return [r[0] for r in conn.execute(in_list(sql, len(ids)), (*ids, *params))]
+
+
 # an ack of many, the common rows: counted receives, no shared body, no group. Nothing to
 # return, so no RETURNING (which costs about as much as the DELETE itself: 1.0 against 1.9
 # us a row, bench.sqlite_hotpath's receive(100)+ack_batch); it runs under a savepoint and
@@ -373,13 +387,11 @@ def _mark_acked(
                 sql = in_list(_MARK_BEFORE_12, len(chunk))
                 gone += [(r[0], lease) for r in conn.execute(sql, (*chunk, lease, qid, now, -now))]
                 continue
-            sql = in_list(_MARK_UNCOUNTED, len(chunk))
-            hit = [r[0] for r in conn.execute(sql, (*chunk, lease, qid, -now))]
+            hit = _hits(conn, _MARK_UNCOUNTED, chunk, (lease, qid, -now))
             if len(hit) < len(chunk):  # counted receives (or receipts of no current lease)
                 marked = set(hit)
                 rest = [mid for mid in chunk if mid not in marked]
-                sql = in_list(_MARK_COUNTED, len(rest))
-                hit += [r[0] for r in conn.execute(sql, (*rest, lease, qid, now))]
+                hit += _hits(conn, _MARK_COUNTED, rest, (lease, qid, now))
             gone += [(mid, lease) for mid in hit]
     if len(gone) == len(receipts):
         lost: list[str] = []  # every receipt named a current lease (the common case)
