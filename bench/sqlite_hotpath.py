@@ -35,9 +35,9 @@ BODY = os.urandom(100).hex().encode()  # 200 bytes, as in bench.queues
 class _Rows:
     __slots__ = ("rowcount", "rows")
 
-    def __init__(self, rows: list[tuple[Any, ...]]) -> None:
+    def __init__(self, rows: list[tuple[Any, ...]], rowcount: int = 0) -> None:
         self.rows = rows
-        self.rowcount = 0  # the stub changes nothing (the inbox's drain moves no row)
+        self.rowcount = rowcount  # 0 unless given: the inbox's drain moves no row
 
     def fetchall(self) -> list[tuple[Any, ...]]:
         return self.rows
@@ -71,7 +71,8 @@ class _StubConnection:
         if sql.startswith(  # an ack: marked (schema 12: the lease; before: the due time)
             ("UPDATE fairq_messages SET lease = -1", "UPDATE fairq_messages SET avail_at = CASE")
         ):
-            return _Rows([(self.msg_id,)])
+            # (an ack of one message reads the row count, of more the RETURNING rows)
+            return _Rows([(self.msg_id,)], 1)
         if sql.startswith(
             (
                 "UPDATE fairq_messages SET avail_at = -avail_at",
