@@ -106,8 +106,8 @@ async def _python_cost(n: int, rounds: int) -> tuple[float, float]:
         await q.send(BODY)
         await q.stats()  # the queue's counts known: no fold query under the stub
         writer = broker.backend._writer  # type: ignore[attr-defined]
-        real = writer.conn
-        writer.conn = _StubConnection(real)
+        real, real_cur = writer.conn, writer.cur
+        writer.conn = writer.cur = _StubConnection(real)
         sends, cycles = [], []
         try:
             for _ in range(rounds):
@@ -121,7 +121,7 @@ async def _python_cost(n: int, rounds: int) -> tuple[float, float]:
                     await m.ack()
                 cycles.append((time.thread_time() - t0) / n)
         finally:
-            writer.conn = real
+            writer.conn, writer.cur = real, real_cur
             await broker.close()
         return min(sends), min(cycles)
     finally:

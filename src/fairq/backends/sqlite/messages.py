@@ -136,7 +136,7 @@ def insert_one(t: Txn, q: QueueRow, body: bytes, attrs: bytes | None) -> int:
     does anything else moves it into ``fairq_messages``: Txn.drain); return its id."""
     (mid,) = t.allocate(1, stored=True)
     if t.store.new_formats or t.new_formats():
-        t.conn.execute(_INSERT_ONE, (mid, q.id, t.now, body, attrs))
+        t.cur.execute(_INSERT_ONE, (mid, q.id, t.now, body, attrs))
         t.store.inbox += 1
     else:  # just after an upgrade (Txn.new_formats): as a fairq before schema 12 did
         t.conn.execute(INSERT_VISIBLE, (mid, q.id, t.now, body, attrs))
@@ -339,15 +339,15 @@ _MARK_BEFORE_12 = (
 
 
 def _hits(
-    conn: sqlite3.Connection, sql: str, ids: Sequence[int], params: tuple[int | float, ...]
+    cur: sqlite3.Cursor, sql: str, ids: Sequence[int], params: tuple[int | float, ...]
 ) -> list[int]:
     """The ids among ``ids`` that UPDATE ``sql`` (ending in ``RETURNING id``) changed. One
     id needs no RETURNING (which costs about as much as the statement itself): the row
     count tells."""
     if len(ids) == 1:
         sql = in_list(sql.removesuffix(" RETURNING id"), 1)
-        return list(ids) if conn.execute(sql, (*ids, *params)).rowcount else []
-    return [r[0] for r in conn.execute(in_list(sql, len(ids)), (*ids, *params))]
+        return list(ids) if cur.execute(sql, (*ids, *params)).rowcount else []
+    return [r[0] for r in cur.execute(in_list(sql, len(ids)), (*ids, *params))]
 
 
 # an ack of many, the common rows: counted receives, no shared body, no group. Nothing to
@@ -387,11 +387,11 @@ def _mark_acked(
                 sql = in_list(_MARK_BEFORE_12, len(chunk))
                 gone += [(r[0], lease) for r in conn.execute(sql, (*chunk, lease, qid, now, -now))]
                 continue
-            hit = _hits(conn, _MARK_UNCOUNTED, chunk, (lease, qid, -now))
+            hit = _hits(t.cur, _MARK_UNCOUNTED, chunk, (lease, qid, -now))
             if len(hit) < len(chunk):  # counted receives (or receipts of no current lease)
                 marked = set(hit)
                 rest = [mid for mid in chunk if mid not in marked]
-                hit += _hits(conn, _MARK_COUNTED, rest, (lease, qid, now))
+                hit += _hits(t.cur, _MARK_COUNTED, rest, (lease, qid, now))
             gone += [(mid, lease) for mid in hit]
     if len(gone) == len(receipts):
         lost: list[str] = []  # every receipt named a current lease (the common case)

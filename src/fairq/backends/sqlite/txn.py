@@ -332,22 +332,32 @@ class Txn:
         "_deltas",
         "_last_id_dirty",
         "conn",
+        "cur",
         "notify",
         "now",
         "op_notify",
         "store",
     )
 
-    def __init__(self, store: Store, conn: sqlite3.Connection, now: float) -> None:
+    def __init__(
+        self,
+        store: Store,
+        conn: sqlite3.Connection,
+        now: float,
+        cur: sqlite3.Cursor | None = None,
+    ) -> None:
         self.store = store
         self.conn = conn
+        # a cursor of conn kept for the hot statements (the writer's: Writer.cur); only
+        # for statements whose rows are read at once, before the next one runs on it
+        self.cur = conn.cursor() if cur is None else cur
         self.now = now
         self.notify: set[str] = set()
         self.op_notify: set[str] = set()
         self._deltas: dict[int, dict[str, int]] = {}
         self._last_id_dirty = False
         self._deleted_top = 0
-        (data_version,) = conn.execute("PRAGMA data_version").fetchone()
+        (data_version,) = self.cur.execute("PRAGMA data_version").fetchone()
         if data_version != store.data_version:
             # another connection committed: its ids, delays and leases are unknown here
             store.data_version = data_version
