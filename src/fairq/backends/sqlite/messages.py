@@ -404,41 +404,53 @@ def _mark_acked(
     return len(gone), lost
 
 
+# what settle() deletes: rows acked before their receive was counted (ACKED_LEASE, their
+# end still negated) and rows marked ACKED or (left by a fairq before schema 12)
+# ACKED_UNCOUNTED; one range of ix_waiting (avail_at < 0) less the leases not counted yet
+_SETTLED = "state = 1 AND avail_at < 0 AND (avail_at >= -1 OR lease = " + str(ACKED_LEASE) + ")"
+# ... counted per queue and shared body, before they go: how many, how many of them had
+# their receive counted here (all but ACKED), how many of those were redeliveries, and the
+# greatest id; no row comes back to Python (a DELETE ... RETURNING cost a loop over each)
+_SETTLED_COUNTS = (
+    f"SELECT queue_id, body_ref, count(*), sum(avail_at != {ACKED}), "
+    f"sum(avail_at != {ACKED} AND attempt > 1), max(id) FROM fairq_messages "
+    f"WHERE {_SETTLED} GROUP BY queue_id, body_ref"
+)
+
+
 def settle(t: Txn) -> None:
     """Count what receives and acks left uncounted (of any queue, by any process): leases
     not counted yet get their due time back and move from ``visible`` to ``in_flight``;
     acked rows are deleted and move to ``acked``, shared bodies released. Before anything
-    reads a queue's counters or moves a leased row other than by an ack, and by the writer
-    every few hundred receives and acks; three index probes when there is nothing."""
+    reads a queue's counters or moves a leased row otherwise, and by the writer every few
+    hundred receives and acks; two index probes when there is nothing."""
     store = t.store
     store.unsettled = 0
     store.settled_at = t.now
-    conn = t.conn
-    # rows acked before their receive was counted (ACKED_LEASE) go first, then the other
-    # leases not counted yet get their due time back, then the rows marked ACKED (or, left
-    # by a fairq before schema 12, ACKED_UNCOUNTED) go: three ranges of ix_waiting
-    rows = conn.execute(
-        f"DELETE FROM fairq_messages WHERE state = 1 AND avail_at < -1 AND lease = {ACKED_LEASE} "
-        "RETURNING id, queue_id, body_ref, avail_at, attempt"
-    ).fetchall()
-    for qid, attempt in conn.execute(
+    cur = t.cur
+    # the acked rows first (counted by queue, then deleted), then the leases not counted
+    # yet get their due time back
+    groups = cur.execute(_SETTLED_COUNTS).fetchall()
+    if groups:
+        cur.execute("DELETE FROM fairq_messages WHERE " + _SETTLED)
+    for qid, attempt in cur.execute(
         "UPDATE fairq_messages SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
         "RETURNING queue_id, attempt"
     ).fetchall():
         _counted_receive(t, qid, attempt)
-    rows += conn.execute(
-        "DELETE FROM fairq_messages WHERE state = 1 AND avail_at >= -1 AND avail_at < 0 "
-        "RETURNING id, queue_id, body_ref, avail_at, attempt"
-    ).fetchall()
-    if not rows:
+    if not groups:
         return
-    t.deleted(max(r[0] for r in rows))
-    for _, qid, _, avail_at, attempt in rows:
-        if avail_at != ACKED:
-            _counted_receive(t, qid, attempt)
-        t.add(qid, "in_flight", -1)
-        t.add(qid, "acked", 1)
-    refs = Counter(r[2] for r in rows if r[2] is not None)
+    t.deleted(max(g[5] for g in groups))
+    refs: Counter[int] = Counter()
+    for qid, ref, n, received, redelivered, _ in groups:
+        # each acked row: its receive counted now if it was not (visible -> in_flight),
+        # then its ack (in_flight -> acked)
+        t.add(qid, "visible", -received)
+        t.add(qid, "in_flight", received - n)
+        t.add(qid, "redelivered", redelivered)
+        t.add(qid, "acked", n)
+        if ref is not None:
+            refs[ref] += n
     if refs:
         unref_bodies(t, refs)
 
