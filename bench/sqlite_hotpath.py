@@ -23,7 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import fairq
@@ -159,7 +159,14 @@ _SETTLE_ROWS = 256  # as fairq's writer (backends/sqlite/writer.py)
 # or as schema 12 does it (later, plus: a one-message send appends to an inbox table with no
 # index, moved into the message table every _SETTLE_ROWS sends and by the first receive; an
 # ack of a receive not counted yet only sets the row's lease to -1, and settling deletes those)
+# or schema 12 leased in place next to the head (a study: as schema 12, but a small receive
+# leaves its row in state 0 with the lease's end kept as end - _HEAD_OFFSET, below every
+# ready entry and above every older lease, so its delivery-order entry moves next to the
+# queue's head, on the page the receive already writes; settling visits the queues the small
+# table names)
 AT_ONCE, LATER, IN_PLACE, NONE, INBOX = "at once", "later", "in place", "none", "inbox"
+HEAD = "in place, next to the head"
+_HEAD_OFFSET = 1e10
 # name: (schema, counting)
 _INBOX = (
     "CREATE TABLE inbox (id INTEGER PRIMARY KEY, queue_id INT NOT NULL, avail_at REAL NOT NULL, "
@@ -171,6 +178,7 @@ _DRAIN = (
 )
 VARIANTS: dict[str, tuple[str, str]] = {
     "fairq's schema 12 (inbox, one-page acks)": (_FAIRQ + _INBOX, INBOX),
+    "schema 12 leased next to the head (a study)": (_FAIRQ + _INBOX, HEAD),
     "fairq's schema, counted later (schema 10)": (_FAIRQ, LATER),
     "fairq's schema, counted at once (schema 9)": (_FAIRQ, AT_ONCE),
     "leased in place (a study)": (_FAIRQ, IN_PLACE),
@@ -188,16 +196,93 @@ def _connect(path: str) -> sqlite3.Connection:
     return conn
 
 
+def _lease_end(counting: str, end: float) -> float:
+    """A lease's end as a receive of one message stores it: negated while the receive is
+    not counted yet (below -1), or, leased next to the head, less _HEAD_OFFSET (below
+    every ready entry, and a later end above an earlier one)."""
+    if counting == HEAD:
+        return end - _HEAD_OFFSET
+    return -end if counting in (LATER, IN_PLACE, INBOX) else end
+
+
+def _settle(ex: Callable[..., sqlite3.Cursor], counting: str, held: int) -> None:
+    """What the writer does every _SETTLE_ROWS receives and acks (messages.settle): count
+    the leases not counted yet and delete the acked rows, with the queue's counters."""
+    if counting == HEAD:
+        where = "queue_id = ? AND state = 0 AND priority = 0 AND avail_at < -1"
+        for (qid,) in ex("SELECT queue_id FROM lazy").fetchall():
+            (k,) = ex(f"SELECT count(*) FROM m WHERE {where} AND lease = -1", (qid,)).fetchone()
+            ex(f"DELETE FROM m WHERE {where} AND lease = -1", (qid,))
+            moved = ex(
+                f"UPDATE m SET state = 1, avail_at = avail_at + {_HEAD_OFFSET} "
+                f"WHERE {where} RETURNING queue_id, attempt",
+                (qid,),
+            ).fetchall()
+            ex(
+                "UPDATE q SET visible = visible - ?, in_flight = in_flight + ?, "
+                "acked = acked + ? WHERE id = ?",
+                (k + len(moved), len(moved), k, qid),
+            )
+        ex("DELETE FROM lazy")
+        return
+    if counting == INBOX:  # as messages.settle: the acked rows counted, deleted, then leases
+        settled = "state = 1 AND avail_at < 0 AND (avail_at >= -1 OR lease = -1)"
+        groups = ex(
+            "SELECT queue_id, body_ref, count(*), sum(avail_at != -1), "
+            f"sum(avail_at != -1 AND attempt > 1), max(id) FROM m WHERE {settled} "
+            "GROUP BY queue_id, body_ref"
+        ).fetchall()
+        ex(f"DELETE FROM m WHERE {settled}")
+        moved = ex(
+            "UPDATE m SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
+            "RETURNING queue_id, attempt"
+        ).fetchall()
+        k = sum(g[2] for g in groups)
+        ex(
+            "UPDATE q SET visible = visible - ?, in_flight = in_flight + ?, acked = acked + ? "
+            "WHERE id = 1",
+            (k + len(moved), len(moved), k),
+        )
+        return
+    if counting == IN_PLACE:
+        ex("SELECT queue_id FROM lazy").fetchall()
+        ex("DELETE FROM lazy")
+        k = len(
+            ex(
+                "UPDATE m SET state = 1, avail_at = -avail_at WHERE queue_id = 1 "
+                "AND state = 0 AND priority = 0 AND avail_at < -1 "
+                "RETURNING queue_id, attempt"
+            ).fetchall()
+        )
+    else:
+        k = len(
+            ex(
+                "UPDATE m SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
+                "RETURNING queue_id, attempt"
+            ).fetchall()
+        )
+    ex("UPDATE q SET visible = visible - ?, in_flight = in_flight + ? WHERE id = 1", (k, k))
+    k = len(
+        ex(
+            f"DELETE FROM m WHERE state = {held} AND avail_at >= -1 AND avail_at < 0 "
+            + ("AND queue_id = 1 AND priority = 0 " if held == 0 else "")
+            + "RETURNING id, queue_id, body_ref, avail_at, attempt"
+        ).fetchall()
+    )
+    ex("UPDATE q SET visible = visible - ?, acked = acked + ? WHERE id = 1", (k, k))
+
+
 def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, float, float, float]:
     """CPU seconds per one-message send and per receive+ack pair, as fairq issues them, and
     the WAL frames (B-tree pages) each writes: a count the machine's noise does not move."""
     tmp = tempfile.mkdtemp(prefix="fairq-floor-", dir=directory)
     conn = _connect(os.path.join(tmp, "f.db"))
-    later = counting in (LATER, IN_PLACE, INBOX)
-    inbox = counting == INBOX
+    later = counting in (LATER, IN_PLACE, INBOX, HEAD)
+    inbox = counting in (INBOX, HEAD)
+    in_place = counting in (IN_PLACE, HEAD)
     try:
         conn.executescript(_QUEUES + schema)
-        if counting == IN_PLACE:
+        if in_place:
             conn.execute("CREATE TABLE lazy (queue_id INTEGER PRIMARY KEY)")
         ex = conn.execute
         base = int(time.time() * 1000) << 16
@@ -224,7 +309,7 @@ def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, f
         unsettled = 0
         registered = False
         # the leased state, the one the receive takes from, and the ready rows' condition
-        held, ready = (0, "AND priority = 0 AND avail_at >= 0") if counting == IN_PLACE else (1, "")
+        held, ready = (0, "AND priority = 0 AND avail_at >= 0") if in_place else (1, "")
         for i in range(n):
             now = time.time()
             ex("BEGIN IMMEDIATE")
@@ -233,47 +318,10 @@ def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, f
                 ex(_DRAIN)
                 ex("DELETE FROM inbox")
             if later and unsettled >= _SETTLE_ROWS:  # settle: count leases, delete acked rows
-                early = 0  # acked rows settled first (schema 12)
-                if inbox:
-                    early = len(
-                        ex(
-                            "DELETE FROM m WHERE state = 1 AND avail_at < -1 AND lease = -1 "
-                            "RETURNING id, queue_id, body_ref, avail_at, attempt"
-                        ).fetchall()
-                    )
-                if counting == IN_PLACE:
-                    ex("SELECT queue_id FROM lazy").fetchall()
-                    ex("DELETE FROM lazy")
-                    registered = False
-                    k = len(
-                        ex(
-                            "UPDATE m SET state = 1, avail_at = -avail_at WHERE queue_id = 1 "
-                            "AND state = 0 AND priority = 0 AND avail_at < -1 "
-                            "RETURNING queue_id, attempt"
-                        ).fetchall()
-                    )
-                else:
-                    k = len(
-                        ex(
-                            "UPDATE m SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
-                            "RETURNING queue_id, attempt"
-                        ).fetchall()
-                    )
-                ex(
-                    "UPDATE q SET visible = visible - ?, in_flight = in_flight + ? WHERE id = 1",
-                    (k, k),
-                )
-                k = len(
-                    ex(
-                        f"DELETE FROM m WHERE state = {held} AND avail_at >= -1 AND avail_at < 0 "
-                        + ("AND queue_id = 1 AND priority = 0 " if held == 0 else "")
-                        + "RETURNING id, queue_id, body_ref, avail_at, attempt"
-                    ).fetchall()
-                )
-                k += early
-                ex("UPDATE q SET visible = visible - ?, acked = acked + ? WHERE id = 1", (k, k))
+                _settle(ex, counting, held)
+                registered = False
                 unsettled = 0
-            if counting == IN_PLACE and not registered:
+            if in_place and not registered:
                 ex("INSERT OR IGNORE INTO lazy (queue_id) VALUES (1)")
                 registered = True
             (row,) = ex(
@@ -283,14 +331,20 @@ def _floor(directory: str, schema: str, counting: str, n: int) -> tuple[float, f
             ex(
                 f"UPDATE m SET state = {held}, avail_at = ?, attempt = attempt + 1, lease = ? "
                 "WHERE queue_id = 1 AND id = ?",
-                (-(now + 30) if later else now + 30, i + 1, row[0]),
+                (_lease_end(counting, now + 30), i + 1, row[0]),
             )
             if counting == AT_ONCE:
                 ex("UPDATE q SET visible = visible - 1, in_flight = in_flight + 1 WHERE id = 1")
             ex("COMMIT")
             ex("BEGIN IMMEDIATE")
             ex("PRAGMA data_version").fetchone()
-            if inbox:
+            if counting == HEAD:  # (the lease is current while its end is past now)
+                gone = ex(
+                    "UPDATE m SET lease = -1 WHERE queue_id = 1 AND id = ? AND lease = ? "
+                    "AND avail_at < -1 AND avail_at > ? RETURNING id",
+                    (row[0], i + 1, _lease_end(counting, now)),
+                ).fetchall()
+            elif inbox:
                 gone = ex(
                     "UPDATE m SET lease = -1 WHERE queue_id = 1 AND id = ? AND lease = ? "
                     "AND avail_at < ? RETURNING id",
