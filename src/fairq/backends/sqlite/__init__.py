@@ -59,8 +59,9 @@ _SPIN = 0.0003  # seconds to watch for a commit whose WAL write was just seen
 # (the queue exists, a message of it is visible, the earliest due delay or lease of any queue)
 _NOTHING_TO_RECEIVE = (
     "SELECT EXISTS (SELECT 1 FROM fairq_queues WHERE name = ?), "
-    "EXISTS (SELECT 1 FROM fairq_messages INDEXED BY fairq_ix_ready WHERE state = 0 AND queue_id = "
-    "(SELECT id FROM fairq_queues WHERE name = ?)) "
+    # (a row leased in place stays in state 0, below avail_at 0: schema.sql, version 13)
+    "EXISTS (SELECT 1 FROM fairq_messages INDEXED BY fairq_ix_ready WHERE state = 0 "
+    "AND avail_at >= 0 AND queue_id = (SELECT id FROM fairq_queues WHERE name = ?)) "
     # one-message sends not yet moved out of the inbox (schema.sql): a few hundred rows at most
     "OR EXISTS (SELECT 1 FROM fairq_inbox WHERE queue_id = "
     "(SELECT id FROM fairq_queues WHERE name = ?)), "

@@ -10,6 +10,7 @@ import math
 import sqlite3
 from collections import Counter
 from collections.abc import Sequence
+from typing import Any
 
 import orjson
 
@@ -41,11 +42,20 @@ _INSERT = (
     "INSERT INTO fairq_messages (id, queue_id, state, priority, avail_at, attempt, lease, grp, "
     "body_ref, body, attrs) VALUES (?,?,?,?,?,?,?,?,?,?,?)"
 )
+# the next ready messages of a queue (id, priority, attempt, grp, body, attrs): state 0 less
+# the rows leased in place (avail_at < -1: schema.sql) ...
 SELECT_READY = (
     "SELECT id, priority, attempt, grp, "
     "coalesce(body, (SELECT body FROM fairq_bodies WHERE id = body_ref)), attrs "
-    "FROM fairq_messages WHERE queue_id = ? AND state = 0 "
+    "FROM fairq_messages WHERE queue_id = ? AND state = 0 AND avail_at >= 0 "
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
+)
+# ... and of a queue without priorities, one seek past them in ix_ready
+SELECT_READY_FLAT = (
+    "SELECT id, priority, attempt, grp, "
+    "coalesce(body, (SELECT body FROM fairq_bodies WHERE id = body_ref)), attrs "
+    "FROM fairq_messages WHERE queue_id = ? AND state = 0 AND priority = 0 AND avail_at >= 0 "
+    "ORDER BY avail_at, id LIMIT ?"
 )
 _SWEEP_BATCH = 1000
 # a receive or an ack of fewer messages than this (of a non-FIFO queue) leaves its counters
@@ -64,6 +74,12 @@ ACKED, ACKED_UNCOUNTED = -1.0, -0.5
 # out-of-range lease is stored as 0): the ack then writes the row's page and no index page,
 # and settle() finds the row among the receives it counts anyway (schema 12)
 ACKED_LEASE = -1
+# a small receive of a queue without priorities leases its rows in place (schema 13): state
+# 0, avail_at = the lease's end - LEASED_OFFSET, below -1 and below every ready row (leases
+# that end before the year 2286; a later one is leased the other way)
+LEASED_OFFSET = 1e10
+# the rows of one queue leased in place, in ix_ready (the queue's id is the parameter)
+IN_PLACE = "queue_id = ? AND state = 0 AND priority = 0 AND avail_at < -1"
 # a queue's visible messages as SQL, for reads over many queues (``q`` is its fairq_queues
 # row): the stored count plus the messages stored since it was last folded (Txn.fold)
 VISIBLE = (
@@ -322,32 +338,41 @@ def deleted(t: Txn, q: QueueRow, rows: Sequence[Row]) -> None:
 
 
 # an ack of a few: a row whose receive is not counted yet takes ACKED_LEASE (schema 12), any
-# other becomes ACKED; just after an upgrade (Txn.new_formats) both move as before schema 12
-_MARK_UNCOUNTED = (
+# other becomes ACKED; just after an upgrade (Txn.new_formats) both move as before schema 12.
+# Each statement as (with RETURNING id, without): one id needs no RETURNING (_hits)
+def _mark(sql: str) -> tuple[str, str]:
+    return sql + " RETURNING id", sql
+
+
+# leased in place (schema 13): current while end - LEASED_OFFSET > now - LEASED_OFFSET
+_MARK_IN_PLACE = _mark(
     f"UPDATE fairq_messages SET lease = {ACKED_LEASE} WHERE id IN ({{marks}}) AND lease = ? "
-    "AND queue_id = ? AND avail_at < ? RETURNING id"
+    "AND queue_id = ? AND state = 0 AND avail_at < -1 AND avail_at > ?"
 )
-_MARK_COUNTED = (
+# the lease's end negated: current while -end < -now
+_MARK_UNCOUNTED = _mark(
+    f"UPDATE fairq_messages SET lease = {ACKED_LEASE} WHERE id IN ({{marks}}) AND lease = ? "
+    "AND queue_id = ? AND state = 1 AND avail_at < ?"
+)
+_MARK_COUNTED = _mark(
     f"UPDATE fairq_messages SET avail_at = {ACKED}, lease = NULL WHERE id IN ({{marks}}) "
-    "AND lease = ? AND queue_id = ? AND avail_at > ? RETURNING id"
+    "AND lease = ? AND queue_id = ? AND avail_at > ?"
 )
 _MARK_BEFORE_12 = (
     f"UPDATE fairq_messages SET avail_at = CASE WHEN avail_at < 0 THEN {ACKED_UNCOUNTED} "
     f"ELSE {ACKED} END, lease = NULL WHERE id IN ({{marks}}) AND lease = ? AND queue_id = ? "
-    "AND (avail_at > ? OR avail_at < ?) RETURNING id"
+    "AND (avail_at > ? OR (state = 1 AND avail_at < ?)) RETURNING id"
 )
 
 
 def _hits(
-    cur: sqlite3.Cursor, sql: str, ids: Sequence[int], params: tuple[int | float, ...]
+    cur: sqlite3.Cursor, sql: tuple[str, str], ids: Sequence[int], params: tuple[Any, ...]
 ) -> list[int]:
-    """The ids among ``ids`` that UPDATE ``sql`` (ending in ``RETURNING id``) changed. One
-    id needs no RETURNING (which costs about as much as the statement itself): the row
-    count tells."""
+    """The ids among ``ids`` that UPDATE ``sql`` (a _mark pair) changed. One id needs no
+    RETURNING (which costs about as much as the statement itself): the row count tells."""
     if len(ids) == 1:
-        sql = in_list(sql.removesuffix(" RETURNING id"), 1)
-        return list(ids) if cur.execute(sql, (*ids, *params)).rowcount else []
-    return [r[0] for r in cur.execute(in_list(sql, len(ids)), (*ids, *params))]
+        return list(ids) if cur.execute(in_list(sql[1], 1), (*ids, *params)).rowcount else []
+    return [r[0] for r in cur.execute(in_list(sql[0], len(ids)), (*ids, *params))]
 
 
 # an ack of many, the common rows: counted receives, no shared body, no group. Nothing to
@@ -360,9 +385,12 @@ _DELETE_PLAIN = (
 )
 # ... and any other: (id, body_ref, grp, the attempt of a receive not counted yet) of each
 # deleted row (four columns returned where six cost a fifth more)
+# (a lease is current while its end is past now: avail_at > now counted, -avail_at > now in
+# state 1 not counted yet, avail_at + LEASED_OFFSET > now leased in place)
 _DELETE_ACKED = (
     "DELETE FROM fairq_messages WHERE id IN ({marks}) AND lease = ? AND queue_id = ? "
-    "AND (avail_at > ? OR avail_at < ?) "
+    "AND (avail_at > ? OR (state = 1 AND avail_at < ?) "
+    "OR (state = 0 AND avail_at < -1 AND avail_at > ?)) "
     "RETURNING id, body_ref, grp, CASE WHEN avail_at < 0 THEN attempt END"
 )
 
@@ -371,15 +399,20 @@ def _mark_acked(
     t: Txn, q: QueueRow, receipts: Sequence[str], leases: list[tuple[int, list[int]]]
 ) -> tuple[int, list[str]]:
     """The ack of a few messages of a non-FIFO queue: their leased rows become acked rows,
-    which :func:`settle` deletes and counts. A row whose receive is not counted yet (its
-    lease's end negated) only takes ``ACKED_LEASE``: its page and nothing else is written;
-    any other becomes ``ACKED`` (no lease), which writes its page and an ix_waiting page. A
-    lease is current while it has not ended: its end is ``avail_at``, or ``-avail_at``
-    for a receive not counted yet."""
+    which :func:`settle` deletes and counts. A row whose receive is not counted yet (leased
+    in place, or its lease's end negated) only takes ``ACKED_LEASE``: its page and nothing
+    else is written; any other becomes ``ACKED`` (no lease), which writes its page and an
+    ix_waiting page. A lease is current while it has not ended: its end is ``avail_at``,
+    ``-avail_at`` (state 1) or ``avail_at + LEASED_OFFSET`` (state 0) for a receive not
+    counted yet."""
     conn = t.conn
     now = t.now
     qid = q.id
     new = t.new_formats()
+    # the kinds of lease, the likeliest first (a queue without priorities leases in place)
+    kinds = [(_MARK_UNCOUNTED, -now), (_MARK_COUNTED, now)]
+    if q.config.max_priority == 0:
+        kinds.insert(0, (_MARK_IN_PLACE, now - LEASED_OFFSET))
     gone: list[tuple[int, int]] = []
     for lease, ids in leases:
         for chunk in chunks(ids):
@@ -387,11 +420,16 @@ def _mark_acked(
                 sql = in_list(_MARK_BEFORE_12, len(chunk))
                 gone += [(r[0], lease) for r in conn.execute(sql, (*chunk, lease, qid, now, -now))]
                 continue
-            hit = _hits(t.cur, _MARK_UNCOUNTED, chunk, (lease, qid, -now))
-            if len(hit) < len(chunk):  # counted receives (or receipts of no current lease)
-                marked = set(hit)
+            hit: list[int] = []
+            rest: Sequence[int] = chunk
+            for mark, bound in kinds:
+                hit += _hits(t.cur, mark, rest, (lease, qid, bound))
+                if len(hit) == len(chunk):
+                    break
+                marked = set(hit)  # the others are of another kind (or of no current lease)
                 rest = [mid for mid in chunk if mid not in marked]
-                hit += _hits(t.cur, _MARK_COUNTED, rest, (lease, qid, now))
+                if not rest:  # (a receipt given twice)
+                    break
             gone += [(mid, lease) for mid in hit]
     if len(gone) == len(receipts):
         lost: list[str] = []  # every receipt named a current lease (the common case)
@@ -418,20 +456,48 @@ _SETTLED_COUNTS = (
 )
 
 
+# rows leased in place (schema 13) of one queue named in fairq_lazy: the acked ones counted
+# as above (their receives all uncounted), then deleted; the others move to state 1, their
+# lease's end their due time, counted as received
+_IN_PLACE_ACKED_COUNTS = (
+    "SELECT queue_id, body_ref, count(*), count(*), sum(attempt > 1), max(id) "
+    f"FROM fairq_messages WHERE {IN_PLACE} AND lease = {ACKED_LEASE} GROUP BY body_ref"
+)
+_IN_PLACE_ACKED = f"DELETE FROM fairq_messages WHERE {IN_PLACE} AND lease = {ACKED_LEASE}"
+_IN_PLACE_COUNTED = (
+    f"UPDATE fairq_messages SET state = 1, avail_at = avail_at + {LEASED_OFFSET} "
+    f"WHERE {IN_PLACE} RETURNING attempt"
+)
+
+
 def settle(t: Txn) -> None:
     """Count what receives and acks left uncounted (of any queue, by any process): leases
     not counted yet get their due time back and move from ``visible`` to ``in_flight``;
     acked rows are deleted and move to ``acked``, shared bodies released. Before anything
     reads a queue's counters or moves a leased row otherwise, and by the writer every few
-    hundred receives and acks; two index probes when there is nothing."""
+    hundred receives and acks; three index probes when there is nothing."""
     store = t.store
     store.unsettled = 0
     store.settled_at = t.now
     cur = t.cur
-    # the acked rows first (counted by queue, then deleted), then the leases not counted
-    # yet get their due time back
-    groups = cur.execute(_SETTLED_COUNTS).fetchall()
-    if groups:
+    # the rows leased in place, queue by queue (schema 13); then of the other rows, the
+    # acked ones first (counted by queue, then deleted), then the leases not counted yet
+    # get their due time back
+    groups: list[Row] = []
+    lazy = cur.execute("SELECT queue_id FROM fairq_lazy").fetchall()
+    for (qid,) in lazy:
+        acked = cur.execute(_IN_PLACE_ACKED_COUNTS, (qid,)).fetchall()
+        if acked:
+            cur.execute(_IN_PLACE_ACKED, (qid,))
+            groups += acked
+        for (attempt,) in cur.execute(_IN_PLACE_COUNTED, (qid,)).fetchall():
+            _counted_receive(t, qid, attempt)
+    if lazy:
+        cur.execute("DELETE FROM fairq_lazy")
+    store.lazy.clear()
+    settled = cur.execute(_SETTLED_COUNTS).fetchall()
+    groups += settled
+    if settled:
         cur.execute("DELETE FROM fairq_messages WHERE " + _SETTLED)
     for qid, attempt in cur.execute(
         "UPDATE fairq_messages SET avail_at = -avail_at WHERE state = 1 AND avail_at < -1 "
@@ -640,7 +706,7 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
                 conn.execute("ROLLBACK TO fairq_ack")
                 conn.execute("RELEASE fairq_ack")
             sql = in_list(_DELETE_ACKED, len(chunk))
-            got = conn.execute(sql, (*chunk, lease, qid, now, -now)).fetchall()
+            got = conn.execute(sql, (*chunk, lease, qid, now, -now, now - LEASED_OFFSET)).fetchall()
             rows += got
             parts.append((lease, got))
     gone = done + len(rows)
@@ -776,12 +842,16 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
 
 
 # the earliest due time of a waiting row: a delay's or counted lease's, and a lease not
-# counted yet (its end negated, below -1). A row acked since (ACKED_LEASE) still counts
-# here until settled: at worst a long poll looks once more at what was its lease's end
+# counted yet (its end negated, below -1; or leased in place, one seek per queue named in
+# fairq_lazy). A row acked since (ACKED_LEASE) still counts here until settled: at worst a
+# long poll looks once more at what was its lease's end
 NEXT_DUE = (
     "SELECT min(coalesce((SELECT MIN(avail_at) FROM fairq_messages "
     "WHERE state = 1 AND avail_at >= 0), 1e300), coalesce(-(SELECT MAX(avail_at) "
-    "FROM fairq_messages WHERE state = 1 AND avail_at < -1), 1e300))"
+    "FROM fairq_messages WHERE state = 1 AND avail_at < -1), 1e300), "
+    "coalesce((SELECT min((SELECT m.avail_at FROM fairq_messages m "
+    "WHERE m.queue_id = l.queue_id AND m.state = 0 AND m.priority = 0 AND m.avail_at < -1 "
+    f"ORDER BY m.avail_at LIMIT 1)) FROM fairq_lazy l) + {LEASED_OFFSET}, 1e300))"
 )
 
 

@@ -1,4 +1,4 @@
--- fairq's SQLite schema, version 12. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 13. Every statement is idempotent (IF NOT EXISTS), so
 -- txn.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
@@ -14,20 +14,31 @@
 --   version 11: attention slices count their acked messages as they go (counted)
 --   version 12: one-message sends land in fairq_inbox (one B-tree page), moved on later;
 --               a small ack of a receive not counted yet sets lease = -1 (one page)
+--   version 13: a small receive of a queue without priorities leases its rows in place
+--               (below: two B-tree pages, not three), its queue named in fairq_lazy
 --
 -- A message is in one of three states:
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
 --   1 waiting   delayed (lease IS NULL) or leased (lease = token of the current delivery);
 --               ix_waiting holds when each comes due
 --   2 blocked   in a FIFO queue, behind the head of its group (ix_fifo)
--- State 1 has two more conditions, for what is not counted yet. A receive of a few messages
--- of a non-FIFO queue keeps its lease's end negated (avail_at < -1) and writes no queue
--- row; an ack of a few marks its rows acked: a row whose receive was not counted either only
+-- What is not counted yet takes two more forms. A receive of a few messages of a non-FIFO
+-- queue writes no queue row: of a queue without priorities (max_priority 0) it leases its
+-- rows in place (version 13): they stay in state 0, priority 0, with the lease's end kept as
+-- avail_at = end - LEASED_OFFSET (messages.py; below -1, below every ready row's avail_at,
+-- and a later end above an earlier one), so a row's ix_ready entry moves to just before its
+-- queue's head, on the page the receive writes anyway, and no ix_waiting entry is written;
+-- the queue is named in fairq_lazy, which is how these rows are found again. Of any other
+-- non-FIFO queue it keeps the rows in state 1 with the lease's end negated (avail_at < -1).
+-- An ack of a few marks its rows acked: a row whose receive was not counted either only
 -- takes lease = -1 (version 12: one B-tree page, the row), any other gets avail_at = -1 and
--- lease NULL (two: the row and ix_waiting); settle turns the first kind into avail_at = -0.5.
--- messages.settle counts both (and deletes acked rows) a few hundred at a time, before
--- anything reads a queue's counters or rows or moves a leased row otherwise. Due times
--- are avail_at >= 0, or -avail_at below -1 (messages.NEXT_DUE).
+-- lease NULL (two: the row and ix_waiting; left by a fairq before 12: avail_at = -0.5).
+-- messages.settle counts all of them (and deletes acked rows) a few hundred at a time,
+-- before anything reads a queue's counters or rows or moves a leased row otherwise, after
+-- which every lease is in state 1 with its end as avail_at. Due times are avail_at >= 0 in
+-- state 1, -avail_at below -1 in state 1, and avail_at + LEASED_OFFSET of a row leased in
+-- place (messages.NEXT_DUE). Every reader of state 0 that runs before settle (a receive,
+-- the long poll's look) takes only avail_at >= 0.
 -- Message ids grow with send time (milliseconds << 16 | counter): the id is the send
 -- time, and rowid order is age order (ix_queue gives a queue's oldest message).
 
@@ -96,6 +107,13 @@ CREATE TABLE IF NOT EXISTS fairq_inbox (
     body     BLOB,
     attrs    BLOB
 );
+
+-- version 13: the queues that may hold rows leased in place (state 0, avail_at < -1, above):
+-- a small receive adds its queue once (INSERT OR IGNORE: no page written when it is there),
+-- messages.settle visits each and empties the table
+CREATE TABLE IF NOT EXISTS fairq_lazy (
+    queue_id INTEGER PRIMARY KEY
+) WITHOUT ROWID;
 
 -- the message at the head of each FIFO group (ready, delayed or leased)
 CREATE TABLE IF NOT EXISTS fairq_fifo_heads (

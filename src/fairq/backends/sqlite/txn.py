@@ -27,9 +27,10 @@ from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
 log = logging.getLogger("fairq.sqlite")
 
-SCHEMA_VERSION = 12
-# seconds after an upgrade to schema 12 before a writer uses its new row formats (the inbox,
-# ACKED_LEASE): four times the 0.5 s within which a process of an older fairq stops writing
+SCHEMA_VERSION = 13
+# seconds after an upgrade to schema 12 or 13 before a writer uses their new row formats (the
+# inbox, ACKED_LEASE, rows leased in place): four times the 0.5 s within which a process of
+# an older fairq stops writing
 FORMATS_GRACE = 2.0
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
@@ -173,11 +174,12 @@ def apply_schema(conn: sqlite3.Connection) -> None:
             for statement in script.split(";"):
                 if statement.strip():
                     conn.execute(statement)
-            if 0 < version < 12:
+            if 0 < version < SCHEMA_VERSION:
                 # a process of the older fairq may write for up to 0.5 s more (it looks at
                 # the schema version that often, writer._SCHEMA_LOOKS): it would take the
-                # inbox's ids and read an ACKED_LEASE row as a live lease, so those two
-                # formats wait until it has stopped (Store.formats_from)
+                # inbox's ids, read an ACKED_LEASE row as a live lease and a row leased in
+                # place as ready, so those formats wait until it has stopped
+                # (Store.formats_from)
                 conn.execute(
                     "INSERT OR REPLACE INTO fairq_meta (key, value) VALUES ('formats_from', ?)",
                     (time.time() + FORMATS_GRACE,),
@@ -266,6 +268,9 @@ class Store:
         # (messages.settle): what tells the writer when to settle again
         self.unsettled = 0
         self.settled_at = -math.inf
+        # queues this connection named in fairq_lazy since it last settled (schema 13): a
+        # small receive adds its queue only when it is not here
+        self.lazy: set[int] = set()
         # queues whose big acks last met rows that a plain DELETE cannot settle (a shared
         # body or a group): their next big ack goes straight to the DELETE ... RETURNING
         # (messages.ack_leased)
@@ -305,6 +310,7 @@ class Store:
         self.saved_id = None
         self.due = -math.inf
         self.data_version = None
+        self.lazy.clear()
 
 
 _COUNTER_SQL: dict[tuple[str, ...], str] = {}
@@ -366,6 +372,7 @@ class Txn:
             store.due = -math.inf
             store.uncounted.clear()
             store.inbox_unknown = True
+            store.lazy.clear()  # (another connection may have settled and emptied fairq_lazy)
             (version,) = conn.execute(
                 "SELECT value FROM fairq_meta WHERE key = 'config_version'"
             ).fetchone()
@@ -429,8 +436,9 @@ class Txn:
             self.store.uncounted[queue_id] = (known[0], known[1] + n, top)
 
     def new_formats(self) -> bool:
-        """Whether this transaction may write schema 12's row formats (the inbox and
-        ``ACKED_LEASE``): not in the first seconds after an older file was upgraded."""
+        """Whether this transaction may write the row formats of schemas 12 and 13 (the
+        inbox, ``ACKED_LEASE``, rows leased in place): not in the first seconds after an
+        older file was upgraded."""
         store = self.store
         if not store.new_formats and time.time() >= store.formats_from:
             store.new_formats = True
@@ -548,6 +556,7 @@ class Txn:
     def op_failed(self) -> None:
         self._deltas.clear()
         self.op_notify.clear()
+        self.store.lazy.clear()  # a fairq_lazy row it added is undone with it
         self.store.forget_queues()  # the failed operation may have cached what it undid
 
     def finish(self) -> None:

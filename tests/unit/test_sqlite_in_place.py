@@ -1,0 +1,200 @@
+"""SQLite leases in place (schema 13): a receive of a few messages of a queue without
+priorities keeps its rows in state 0, their lease's end stored below every ready row, so
+a row's delivery-order entry moves next to its queue's head and no due-time entry is
+written (two B-tree pages a receive, not three). Such a row is never delivered twice
+while leased, comes back when its lease ends, is acked or lost like any other, and
+``messages.settle`` (through ``fairq_lazy``) counts it, across processes."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import fairq
+from fairq.backends.sqlite import messages
+
+
+def _rows(db: Path, sql: str) -> list[tuple[object, ...]]:
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute(sql).fetchall()
+    finally:
+        conn.close()
+
+
+def _in_place(db: Path) -> int:
+    return int(
+        _rows(db, "SELECT count(*) FROM fairq_messages WHERE state = 0 AND avail_at < -1")[0][0]
+    )
+
+
+def _frames(db: Path) -> int:
+    wal = Path(f"{db}-wal")
+    return wal.stat().st_size // (4096 + 24) if wal.exists() else 0
+
+
+async def test_a_small_receive_leases_in_place_and_writes_two_pages(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    n = 60
+    async with await fairq.connect(f"sqlite:///{db}", clock=fairq.ManualClock()) as broker:
+        q = await broker.declare_queue("q")
+        await q.send_batch([fairq.Outgoing(b"x" * 200) for _ in range(n)])
+        before = _frames(db)
+        for _ in range(n):
+            await q.receive()
+        assert (_frames(db) - before) / n < 2.3
+        assert _in_place(db) == n
+        assert _rows(db, "SELECT queue_id FROM fairq_lazy") == [(1,)]
+        s = await q.stats()  # settled first: counted, in state 1 with their lease's end
+        assert (s.visible, s.in_flight, s.sent) == (0, n, n), s
+        assert _in_place(db) == 0 and _rows(db, "SELECT * FROM fairq_lazy") == []
+
+
+async def test_a_queue_with_priorities_leases_the_other_way(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    async with await fairq.connect(f"sqlite:///{db}", clock=fairq.ManualClock()) as broker:
+        q = await broker.declare_queue("q", max_priority=5)
+        await q.send_batch([fairq.Outgoing(f"m{i}", priority=i % 3) for i in range(6)])
+        got = [(await q.receive())[0] for _ in range(3)]
+        assert [m.priority for m in got] == [2, 2, 1]
+        assert _in_place(db) == 0
+        await got[0].ack()
+        s = await q.stats()
+        assert (s.visible, s.in_flight, s.acked) == (3, 2, 1), s
+
+
+async def test_a_row_leased_in_place_comes_back_only_when_its_lease_ends(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    clock = fairq.ManualClock()
+    async with await fairq.connect(f"sqlite:///{db}", clock=clock) as broker:
+        q = await broker.declare_queue("q", visibility_timeout=30)
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(25)])
+        (first,) = await q.receive()
+        assert first.body == b"m0"
+        small = await q.receive(max_messages=3)  # in place too, behind the first
+        big = await q.receive(max_messages=20)  # counted at once: skips all four
+        assert [m.body for m in small] == [b"m1", b"m2", b"m3"]
+        assert [m.body for m in big] == [f"m{i}".encode() for i in range(4, 24)]
+        assert [m.body for m in await q.receive(max_messages=10)] == [b"m24"]
+        assert await q.receive() == []
+        clock.advance(29.9)
+        assert await q.receive() == []
+        clock.advance(0.2)  # every lease has ended: all come back, oldest first
+        again = await q.receive(max_messages=30)
+        assert [m.body for m in again] == [f"m{i}".encode() for i in range(25)]
+        assert {m.attempt for m in again} == {2}
+        with pytest.raises(fairq.LeaseLost):
+            await first.ack()
+        s = await q.stats()
+        assert (s.visible, s.in_flight, s.redelivered, s.acked) == (0, 25, 25, 0), s
+
+
+async def test_acks_of_rows_leased_in_place_small_and_big(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    clock = fairq.ManualClock()
+    async with await fairq.connect(f"sqlite:///{db}", clock=clock) as broker:
+        q = await broker.declare_queue("q")
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(40)])
+        short = await q.receive(max_messages=2, visibility_timeout=5)  # in place
+        long = [(await q.receive(visibility_timeout=60))[0] for _ in range(20)]  # in place
+        await long[0].ack()  # a small ack: the row's lease becomes -1, nothing else
+        assert _rows(db, "SELECT count(*) FROM fairq_messages WHERE lease = -1") == [(1,)]
+        clock.advance(10)  # the two short leases have ended, not the long ones
+        with pytest.raises(fairq.LeaseLost) as lost:  # a big ack: those two are lost
+            await q.ack_batch([m.receipt for m in long[1:] + short])
+        assert sorted(lost.value.lost) == sorted(m.receipt for m in short)
+        with pytest.raises(fairq.LeaseLost):
+            await short[0].ack()  # a small ack of an ended lease in place: lost too
+        s = await q.stats()
+        assert (s.visible, s.in_flight, s.acked, s.depth) == (20, 0, 20, 20), s
+        again = await q.receive(max_messages=40)
+        assert sorted(m.body for m in again) == sorted(
+            [b"m0", b"m1"] + [f"m{i}".encode() for i in range(22, 40)]
+        )
+
+
+async def test_settling_counts_in_place_rows_and_releases_their_bodies(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    async with await fairq.connect(f"sqlite:///{db}") as broker:
+        t = await broker.declare_topic("t")
+        subs = [await t.subscribe(f"s{i}") for i in range(2)]
+        await t.publish_batch([fairq.Outgoing(f"m{i}") for i in range(4)])
+        got = [(await subs[0].receive())[0] for _ in range(3)]
+        assert _in_place(db) == 3
+        for m in got[:2]:
+            await m.ack()
+        s = await subs[0].stats()
+        assert (s.visible, s.in_flight, s.acked) == (1, 1, 2), s
+        refs = _rows(db, "SELECT refs FROM fairq_bodies ORDER BY id")
+        assert refs == [(1,), (1,), (2,), (2,)]
+
+
+async def test_redrive_leaves_a_row_leased_in_place(tmp_path: Path) -> None:
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}") as broker:
+        src = await broker.declare_queue("src")
+        dst = await broker.declare_queue("dst")
+        await src.send_batch([fairq.Outgoing(f"m{i}") for i in range(3)])
+        (held,) = await src.receive()
+        assert await broker.redrive("src", to="dst") == 2
+        assert sorted(m.body for m in await dst.receive(max_messages=5)) == [b"m1", b"m2"]
+        await held.ack()
+        s = await src.stats()
+        assert (s.depth, s.acked) == (0, 1), s
+
+
+async def test_a_long_poll_elsewhere_wakes_when_a_lease_in_place_ends(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'f.db'}"
+    async with await fairq.connect(url) as one, await fairq.connect(url) as other:
+        q = await one.declare_queue("q")
+        waiting = other.queue("q")
+        assert await waiting.receive() == []  # (the other's writer has looked: nothing due)
+        await q.send(b"m")
+        (m,) = await q.receive(visibility_timeout=0.5)
+        assert m.attempt == 1
+        # its long poll looks without the write lock: the lease's end is a due time there
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        (again,) = await waiting.receive(wait=5)
+        assert again.body == b"m" and again.attempt == 2
+        assert 0.3 < loop.time() - t0 < 2.5
+
+
+async def test_leasing_in_place_waits_after_an_upgrade(tmp_path: Path) -> None:
+    db = tmp_path / "f.db"
+    url = f"sqlite:///{db}"
+    async with await fairq.connect(url) as broker:
+        q = await broker.declare_queue("q")
+        await q.send_batch([fairq.Outgoing(b"x"), fairq.Outgoing(b"y")])
+    conn = sqlite3.connect(db)
+    conn.execute("DROP TABLE fairq_lazy")
+    conn.execute("UPDATE fairq_meta SET value = 12 WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    # a process of schema 12 may still write for half a second: it would deliver a row
+    # leased in place again (state 0), so none is made until it has stopped
+    async with await fairq.connect(url) as broker:
+        assert len(await broker.queue("q").receive()) == 1
+        assert _in_place(db) == 0
+        assert _rows(db, "SELECT state FROM fairq_messages WHERE lease IS NOT NULL") == [(1,)]
+        conn = sqlite3.connect(db)
+        conn.execute("UPDATE fairq_meta SET value = 0 WHERE key = 'formats_from'")
+        conn.commit()
+        conn.close()
+    async with await fairq.connect(url) as broker:  # once the time has come
+        q = broker.queue("q")
+        (n,) = await q.receive()
+        assert n.body == b"y" and _in_place(db) == 1
+        s = await q.stats()  # (the one received in the grace stays leased)
+        assert (s.in_flight, s.visible) == (2, 0), s
+
+
+def test_lease_ends_of_rows_in_place_stay_below_every_ready_row() -> None:
+    # a ready row's avail_at is a time (>= 0); a lease in place must sort below all of them
+    # and keep its order: a later end above an earlier one
+    ends = [0.0, 1.5, 1_800_000_000.25, 4_000_000_000.0]
+    stored = [e - messages.LEASED_OFFSET for e in ends]
+    assert all(s < -1 for s in stored) and stored == sorted(stored)
+    assert [s + messages.LEASED_OFFSET for s in stored] == ends
