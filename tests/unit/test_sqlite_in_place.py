@@ -198,3 +198,73 @@ def test_lease_ends_of_rows_in_place_stay_below_every_ready_row() -> None:
     stored = [e - messages.LEASED_OFFSET for e in ends]
     assert all(s < -1 for s in stored) and stored == sorted(stored)
     assert [s + messages.LEASED_OFFSET for s in stored] == ends
+
+
+async def test_a_queue_made_under_a_deleted_queues_id_gets_its_leases_back(
+    tmp_path: Path,
+) -> None:
+    # SQLite gives a deleted queue's id (the greatest) to the next queue made: that queue is
+    # not in fairq_lazy, whatever the deleted one was, or its leases would never end
+    clock = fairq.ManualClock()
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}", clock=clock) as broker:
+        a = await broker.declare_queue("a", dead_letter=None)
+        await a.send(b"old")
+        await a.receive()
+        await broker.delete_queue("a")
+        b = await broker.declare_queue("b", dead_letter=None, visibility_timeout=5)
+        await b.send(b"m")
+        assert len(await b.receive()) == 1
+        clock.advance(10)
+        (again,) = await b.receive()
+        assert (again.body, again.attempt) == (b"m", 2)
+
+
+async def test_a_subscription_made_again_gets_its_leases_back(tmp_path: Path) -> None:
+    clock = fairq.ManualClock()
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'f.db'}", clock=clock) as broker:
+        t = await broker.declare_topic("t")
+        sub = await t.subscribe("s", dead_letter=None)
+        await t.publish(b"m")
+        assert len(await sub.receive()) == 1
+        await t.unsubscribe("s")
+        sub = await t.subscribe("s", dead_letter=None, visibility_timeout=5)  # the same id
+        await t.publish(b"n")
+        assert len(await sub.receive()) == 1
+        clock.advance(10)
+        (again,) = await sub.receive()
+        assert (again.body, again.attempt) == (b"n", 2)
+
+
+async def test_a_lease_in_place_ends_for_acks_when_it_does_for_receives(tmp_path: Path) -> None:
+    for past in (False, True):
+        clock = fairq.ManualClock(1_800_000_000.123456)
+        url = f"sqlite:///{tmp_path / f'f{past}.db'}"
+        async with await fairq.connect(url, clock=clock) as broker:
+            q = await broker.declare_queue("q")
+            await q.send(b"m")
+            (m,) = await q.receive(visibility_timeout=0.1)
+            clock.advance(0.1 + (1e-6 if past else -1e-6))
+            if past:
+                (again,) = await q.receive()
+                assert again.attempt == 2
+                with pytest.raises(fairq.LeaseLost):
+                    await m.ack()
+            else:
+                assert await q.receive() == []
+                await m.ack()
+                assert (await q.stats()).acked == 1
+
+
+async def test_a_small_receive_with_the_clock_near_zero_is_not_an_ack(tmp_path: Path) -> None:
+    # a lease's end negated must stay below -1, where acked rows are marked
+    async with await fairq.connect(
+        f"sqlite:///{tmp_path / 'f.db'}", clock=fairq.ManualClock(0.0)
+    ) as broker:
+        for name, top in (("flat", 0), ("ranked", 1)):
+            q = await broker.declare_queue(name, max_priority=top)
+            await q.send(b"x")
+            (m,) = await q.receive(visibility_timeout=0.5)
+            s = await q.stats()
+            assert (s.in_flight, s.acked) == (1, 0), (name, s)
+            await m.ack()
+            assert (await q.stats()).acked == 1

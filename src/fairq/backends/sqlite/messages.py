@@ -344,10 +344,11 @@ def _mark(sql: str) -> tuple[str, str]:
     return sql + " RETURNING id", sql
 
 
-# leased in place (schema 13): current while end - LEASED_OFFSET > now - LEASED_OFFSET
+# leased in place (schema 13): current while its end, avail_at + LEASED_OFFSET (computed so
+# wherever it is read: the stored end may be a microsecond off the one asked for), is past now
 _MARK_IN_PLACE = _mark(
     f"UPDATE fairq_messages SET lease = {ACKED_LEASE} WHERE id IN ({{marks}}) AND lease = ? "
-    "AND queue_id = ? AND state = 0 AND avail_at < -1 AND avail_at > ?"
+    f"AND queue_id = ? AND state = 0 AND avail_at < -1 AND avail_at + {LEASED_OFFSET} > ?"
 )
 # the lease's end negated: current while -end < -now
 _MARK_UNCOUNTED = _mark(
@@ -390,7 +391,7 @@ _DELETE_PLAIN = (
 _DELETE_ACKED = (
     "DELETE FROM fairq_messages WHERE id IN ({marks}) AND lease = ? AND queue_id = ? "
     "AND (avail_at > ? OR (state = 1 AND avail_at < ?) "
-    "OR (state = 0 AND avail_at < -1 AND avail_at > ?)) "
+    f"OR (state = 0 AND avail_at < -1 AND avail_at + {LEASED_OFFSET} > ?)) "
     "RETURNING id, body_ref, grp, CASE WHEN avail_at < 0 THEN attempt END"
 )
 
@@ -412,7 +413,7 @@ def _mark_acked(
     # the kinds of lease, the likeliest first (a queue without priorities leases in place)
     kinds = [(_MARK_UNCOUNTED, -now), (_MARK_COUNTED, now)]
     if q.config.max_priority == 0:
-        kinds.insert(0, (_MARK_IN_PLACE, now - LEASED_OFFSET))
+        kinds.insert(0, (_MARK_IN_PLACE, now))
     gone: list[tuple[int, int]] = []
     for lease, ids in leases:
         for chunk in chunks(ids):
@@ -706,7 +707,7 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
                 conn.execute("ROLLBACK TO fairq_ack")
                 conn.execute("RELEASE fairq_ack")
             sql = in_list(_DELETE_ACKED, len(chunk))
-            got = conn.execute(sql, (*chunk, lease, qid, now, -now, now - LEASED_OFFSET)).fetchall()
+            got = conn.execute(sql, (*chunk, lease, qid, now, -now, now)).fetchall()
             rows += got
             parts.append((lease, got))
     gone = done + len(rows)

@@ -84,6 +84,7 @@ def delete_queue(t: Txn, name: str) -> bool:
     conn.execute("DELETE FROM fairq_dedup WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_subscriptions WHERE queue_id = ?", (q.id,))
     conn.execute("DELETE FROM fairq_lazy WHERE queue_id = ?", (q.id,))
+    t.store.lazy.discard(q.id)
     conn.execute("DELETE FROM fairq_queues WHERE id = ?", (q.id,))
     t.configs_changed()
     t.op_notify.add(name)
@@ -153,7 +154,8 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
     # a few messages of a plain queue: the receive leaves its counters to messages.settle
     # (the lease's end kept negated until then), one B-tree page fewer per commit; of a queue
     # without priorities it leases the rows in place, one more page fewer
-    lazy = n < LAZY_BELOW and not cfg.fifo
+    # (its end negated must stay below -1, where the acked rows' marks are: a clock at 0)
+    lazy = n < LAZY_BELOW and not cfg.fifo and until > 2
     flat = cfg.max_priority == 0
     select = SELECT_READY_FLAT if flat else SELECT_READY
     in_place = (

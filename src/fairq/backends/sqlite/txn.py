@@ -613,6 +613,8 @@ class Txn:
         self.store.by_name[name] = q
         self.store.by_id[q.id] = q
         self.store.uncounted[q.id] = (0, 0, 0)
+        # a deleted queue's id comes back to the next queue made: not in fairq_lazy yet
+        self.store.lazy.discard(q.id)
         return q
 
     def configs_changed(self) -> None:
