@@ -11,7 +11,6 @@ import logging
 from ..errors import FairqError, InvalidOption, QueueNotFound, TopicNotFound
 from ..model.topics import Subscription
 from .parts import Backoff, _Consumer, _PushSettings
-from .runners import Runners
 from .slices import SliceRuntime
 
 log = logging.getLogger("fairq.worker")
@@ -95,8 +94,7 @@ class PushRuntime(SliceRuntime):
             self._consumers[name] = c
             await self._attach(c)
             urls[name] = sub.push or ""
-            assert self._stopping is not None
-            c.runners = Runners(c.name, c.concurrency, self._handle, self._stopping)
+            c.runners = self._runners(c)
             self._spawn(self._consume_push(c), f"fairq-push:{name}")
             log.info("delivering push subscription %s.%s to %s", topic, sub.name, sub.push)
 

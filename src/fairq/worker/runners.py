@@ -26,30 +26,34 @@ import types
 from collections.abc import Callable, Coroutine, Generator
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Runners", "run_in"]
+__all__ = ["DONE", "Driver", "Runners", "run_in"]
 
 log = logging.getLogger("fairq.worker")
 T = TypeVar("T")
 
 
 #: what a runner's driver yields once an item has run to its end (a handler never yields it)
-_DONE = object()
+DONE = object()
+
+#: a runner's driver: a generator, started by sending None, that runs each item sent in to
+#: its end and then yields ``DONE`` (see :func:`_drive`)
+Driver = Generator[Any, Any, None]
 
 
 @types.coroutine
 def _drive(
     handle: Callable[[Any, asyncio.Task[None]], Coroutine[Any, Any, None]], me: asyncio.Task[None]
 ) -> Generator[Any, Any, None]:
-    """Run each item sent in to its end, then yield ``_DONE``; every step runs in whatever
+    """Run each item sent in to its end, then yield ``DONE``; every step runs in whatever
     context the runner steps it in (``ctx.run(driver.send, item)``).
 
     One long-lived generator instead of stepping each item's coroutine from the runner: a
     coroutine that ends when sent to raises StopIteration, which costs a message as much as
     its context copy and ``ctx.run`` together. An item that raises ends the driver."""
-    item = yield _DONE
+    item = yield DONE
     while True:
         yield from handle(item, me)
-        item = yield _DONE
+        item = yield DONE
 
 
 @types.coroutine
@@ -69,18 +73,31 @@ def run_in(
             yielded = ctx.run(throw, e)
         else:
             yielded = ctx.run(send, None)
-        if yielded is _DONE:
+        if yielded is DONE:
             return
 
 
 class Runners(Generic[T]):
     """The backlog of one consumer and the runner tasks that work it off.
 
-    ``handle(item)`` is the coroutine that runs one item to its end; it must not raise
-    (except when its task is cancelled). ``limit`` bounds the runners.
+    ``handle(item, task)`` is the coroutine that runs one item to its end in runner
+    ``task``; it must not raise (except when its task is cancelled). ``limit`` bounds the
+    runners. ``drive(task)``, if given, makes runner ``task``'s driver instead of
+    :func:`_drive` over ``handle`` (the worker's own, which runs the usual message without a
+    coroutine of its own).
     """
 
-    __slots__ = ("_closed", "_handle", "_idle", "_stopping", "backlog", "limit", "name", "tasks")
+    __slots__ = (
+        "_closed",
+        "_drive",
+        "_handle",
+        "_idle",
+        "_stopping",
+        "backlog",
+        "limit",
+        "name",
+        "tasks",
+    )
 
     def __init__(
         self,
@@ -88,6 +105,8 @@ class Runners(Generic[T]):
         limit: int,
         handle: Callable[[T, asyncio.Task[None]], Coroutine[Any, Any, None]],
         stopping: asyncio.Event,
+        *,
+        drive: Callable[[asyncio.Task[None]], Driver] | None = None,
     ) -> None:
         self.name = name
         self.limit = limit
@@ -95,6 +114,7 @@ class Runners(Generic[T]):
         self.tasks: set[asyncio.Task[None]] = set()
         self._idle: list[asyncio.Future[None]] = []
         self._handle = handle
+        self._drive = drive
         self._stopping = stopping
         self._closed = False
 
@@ -146,8 +166,9 @@ class Runners(Generic[T]):
         stopping = self._stopping
         more = self.more
         handle = self._handle
+        drive = self._drive or (lambda me: _drive(handle, me))
         copy = contextvars.copy_context
-        driver = _drive(handle, me)
+        driver = drive(me)
         driver.send(None)
         step = driver.send
         while not stopping.is_set():
@@ -163,7 +184,7 @@ class Runners(Generic[T]):
             try:
                 # its first step here: a handler that returns without waiting costs no more
                 yielded = ctx.run(step, item)
-                if yielded is not _DONE:
+                if yielded is not DONE:
                     more()  # it waits: another runner carries on with the backlog
                     await run_in(ctx, driver, yielded)
             except asyncio.CancelledError:
@@ -177,6 +198,6 @@ class Runners(Generic[T]):
                 log.exception("a message of %s could not be handled", self.name)
             else:
                 continue
-            driver = _drive(handle, me)  # what the item raised ended the last one
+            driver = drive(me)  # what the item raised ended the last one
             driver.send(None)
             step = driver.send

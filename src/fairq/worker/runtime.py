@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import traceback
+import types
 from collections.abc import Awaitable, Callable, Coroutine
 from time import monotonic
 from typing import Any
@@ -40,7 +41,7 @@ from .parts import (
     _SliceRun,
     queue_of,
 )
-from .runners import Runners
+from .runners import DONE, Driver, Runners
 
 __all__ = ["Backoff", "Handler", "Runtime", "WorkerStats", "queue_of"]
 
@@ -317,8 +318,7 @@ class Runtime:
         c.max_attempts = config.max_attempts
 
     def _start(self, c: _Consumer) -> None:
-        assert self._stopping is not None
-        c.runners = Runners(c.name, c.concurrency, self._handle, self._stopping)
+        c.runners = self._runners(c)
         self._spawn(self._consume(c), f"fairq-consume:{c.name}")
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
@@ -489,6 +489,63 @@ class Runtime:
             async with asyncio.timeout(self._outage_wait):
                 await self._stopping.wait()
 
+    def _runners(self, c: _Consumer) -> Runners[_Running]:
+        """The runners of queue consumer ``c`` (runners.py), each with a driver of its own."""
+        assert self._stopping is not None
+        return Runners(
+            c.name,
+            c.concurrency,
+            self._handle,
+            self._stopping,
+            drive=functools.partial(self._drive, c),
+        )
+
+    @types.coroutine
+    def _drive(self, c: _Consumer, task: asyncio.Task[None]) -> Driver:
+        """Runner ``task``'s driver (runners.py): run each message of ``c`` sent in to its
+        end, as :meth:`_handle` does, then yield ``DONE``. The usual handler (async, no
+        idempotency key, no handler times) runs right here, without a coroutine of its own
+        per message; the rest go through ``_handle``."""
+        running = self._running
+        acks_of = self._acks
+        stats = self.stats
+        usual = c.is_async and c.idempotency is None
+        run = yield DONE
+        while True:
+            if not usual or self._metrics is not None:
+                yield from self._handle(run, task)
+                run = yield DONE
+                continue
+            # (what _handle does with _invoke, _succeeded and _queue_ack inlined)
+            run.task = task
+            msg = run.msg
+            handled = False
+            try:
+                try:
+                    yield from c.handler(msg)
+                except (asyncio.CancelledError, Exception) as exc:
+                    yield from self._raised(c, msg, None, exc)
+                else:
+                    c.run.ok += 1
+                    stats.acked += 1
+                    per_queue = stats.per_queue
+                    per_queue[msg.queue] = per_queue.get(msg.queue, 0) + 1
+                    handled = True
+            finally:
+                run.settled = True
+                running.pop(msg.receipt, None)
+                if handled:
+                    acks = acks_of.get(msg.queue)
+                    if acks is None:
+                        self._queue_ack(c, msg)
+                    else:
+                        acks.entries.append(msg)
+                self._free += 1
+                c.busy -= 1
+                if self._slot_waiters:
+                    self._slots_changed()
+            run = yield DONE
+
     async def _handle(self, run: _Running, task: asyncio.Task[None]) -> None:
         """Run one received message to its end in runner ``task``: handler, then ack (queued),
         nack or dead letter; its slot is free when this returns."""
@@ -496,31 +553,14 @@ class Runtime:
         c, msg = run.consumer, run.msg
         handled = False
         try:
-            if c.is_async and c.idempotency is None and self._metrics is None:
-                # what _invoke does, without a coroutine of its own for the usual handler
-                try:
-                    await c.handler(msg)
-                except (asyncio.CancelledError, Exception) as exc:
-                    await self._raised(c, msg, None, exc)
-                else:  # (_succeeded and the usual case of _queue_ack, inlined)
-                    c.run.ok += 1
-                    stats = self.stats
-                    stats.acked += 1
-                    stats.per_queue[msg.queue] = stats.per_queue.get(msg.queue, 0) + 1
-                    handled = True
-            else:
-                handled = await self._invoke(c, msg)
+            handled = await self._invoke(c, msg)
         finally:
             # from here on no lease keeping: the ack is on its way (or nothing is left to do);
             # an extension already sent that finds the message acked is no lost lease
             run.settled = True
             self._running.pop(msg.receipt, None)
             if handled:
-                acks = self._acks.get(msg.queue)
-                if acks is None:
-                    self._queue_ack(c, msg)
-                else:
-                    acks.entries.append(msg)
+                self._queue_ack(c, msg)
             self._free += 1
             c.busy -= 1
             if self._slot_waiters:
