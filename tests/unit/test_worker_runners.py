@@ -8,6 +8,9 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 import fairq
 from fairq.worker.runners import Runners
@@ -150,6 +153,104 @@ async def test_stop_gives_back_what_no_runner_started(tmp_path: Path) -> None:
         assert (s.in_flight, s.visible, s.acked) == (0, 3, 1)
         again = await q.receive(max_messages=3)
         assert [m.attempt for m in again] == [1, 1, 1]  # given back without an attempt
+
+
+async def test_the_lease_keeper_extends_what_waits_for_a_runner() -> None:
+    """A message gets its lease-keeping record (``_running``) only once its handler waits;
+    one still waiting for a runner when its lease is half gone (handlers that hold the event
+    loop can keep the runners from it that long) is found in the runners' backlog and
+    extended too, and taken out of ``_running`` again when its handler returns. The
+    metrics count it running all the while, once."""
+    clock = fairq.ManualClock()
+    async with await fairq.connect("memory://", clock=clock) as broker:
+        q = await broker.declare_queue("work", visibility_timeout=10.0)
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(3)])
+        worker = fairq.Worker(broker, concurrency=3, handle_signals=False)
+        bodies: list[bytes] = []
+        all_run = asyncio.Event()
+
+        @worker.queue("work", concurrency=3)
+        async def handle(msg: fairq.Received) -> None:
+            bodies.append(msg.body)
+            if len(bodies) == 3:
+                all_run.set()
+
+        # a worker that received three messages no runner has started yet
+        c = worker._consumers["work"]
+        await worker._attach(c)
+        stopping = worker._stopping = asyncio.Event()
+        stopping.set()  # (runners start only once it is clear)
+        c.runners = runners = worker._runners(c)
+        msgs = await q.receive(max_messages=3)
+        c.busy = 3
+        runners.add(worker._queued(c, msgs))
+        loop = asyncio.get_running_loop()
+        await worker._extend_leases(loop.time() + 4.0)  # not due yet
+        assert worker._running == {}
+        assert worker._reading().running == {"work": 3}  # the metrics count them running
+        clock.advance(6.0)
+        await worker._extend_leases(loop.time() + 6.0)  # past half the lease
+        assert set(worker._running) == {m.receipt for m in msgs}
+        assert worker._reading().running == {"work": 3}  # (each counted once)
+        clock.advance(6.0)  # past the end of the first lease: kept
+        stopping.clear()
+        runners.more()
+        await asyncio.wait_for(all_run.wait(), 10)
+        assert bodies == [b"m0", b"m1", b"m2"] and worker._running == {}
+        await worker._settled()
+        assert (worker.stats.acked, worker.stats.lease_lost) == (3, 0)
+        s = await q.stats()
+        assert (s.in_flight, s.visible, s.acked) == (0, 0, 3)
+        stopping.set()
+        runners.stop()
+        await asyncio.gather(*runners.tasks)
+
+
+async def test_a_failure_settling_without_a_wait_before_is_left_alone_by_the_keeper(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A handler that raises without waiting has no lease-keeping record yet when its nack
+    goes out: it gets one then, marked settled (the keeper extends it no more, so an
+    extension racing the nack is no lost lease) and with its runner task (the shutdown
+    waits for it), taken out again once the nack is done."""
+    nacking = asyncio.Event()
+    nacked = asyncio.Event()
+    extended: list[str] = []
+    nack = fairq.Received.nack
+    extend_batch = fairq.Queue.extend_batch
+
+    async def slow_nack(msg: fairq.Received, delay: float = 0.0, **kw: Any) -> None:
+        nacking.set()
+        await nacked.wait()
+        await nack(msg, delay, **kw)
+
+    async def counted(q: fairq.Queue, receipts: list[str], seconds: float) -> list[str]:
+        extended.extend(receipts)
+        return await extend_batch(q, receipts, seconds)
+
+    monkeypatch.setattr(fairq.Received, "nack", slow_nack)
+    monkeypatch.setattr(fairq.Queue, "extend_batch", counted)
+    async with await fairq.connect("memory://") as broker:
+        q = await broker.declare_queue("work", visibility_timeout=10.0)
+        await q.send(b"x")
+        worker = fairq.Worker(broker, concurrency=1, handle_signals=False, poll_wait=0.1)
+
+        @worker.queue("work", concurrency=1)
+        async def handle(msg: fairq.Received) -> None:
+            raise RuntimeError("at once")
+
+        task = asyncio.create_task(worker.run())
+        await asyncio.wait_for(nacking.wait(), 10)
+        [run] = worker._running.values()
+        assert run.settled and run.task is not None and not run.task.done()
+        await worker._extend_leases(asyncio.get_running_loop().time() + 100.0)
+        assert extended == [] and not run.lost
+        nacked.set()
+        worker.stop()  # (the shutdown waits for the runner task)
+        await asyncio.wait_for(task, 30)
+        assert worker._running == {}
+        assert (worker.stats.failed, worker.stats.lease_lost) == (1, 0)
+        assert (await q.stats()).in_flight == 0
 
 
 async def test_a_runner_goes_on_after_an_item_that_raises() -> None:

@@ -1,5 +1,5 @@
 """The worker runtime's parts: retry delays, counters, and the records of consumers,
-running messages, slices and queued acks that the runtime modules share."""
+received and running messages, slices and queued acks that the runtime modules share."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ class _Consumer:
     reconcile_interval: float = 30.0
     handle_time: float | None = None  # mean seconds per handler call (attention slices)
     run: QueueRun = field(default_factory=QueueRun)  # what its handlers did (worker.stats.queues)
-    runners: Runners[_Running] | None = None  # the tasks its received messages run in
+    runners: Runners[_Queued] | None = None  # the tasks its received messages run in
     retired: bool = False  # stop receiving (a push subscription that is gone or changed)
     window: int = 0  # what it told the backend it may run at once (consumer_window)
 
@@ -126,8 +126,15 @@ class _Acks:
     entries: list[Received]
 
 
+#: a message received for a consumer's runners, with the loop time its lease ends
+_Queued = tuple[Received, float]
+
+
 @dataclass(slots=True, eq=False)
 class _Running:
+    """A message whose lease the keeper extends: a slice's from its receive on; a runner's
+    once its handler waits, or once the keeper finds it due in the backlog."""
+
     consumer: _Consumer
     msg: Received
     lease_until: float

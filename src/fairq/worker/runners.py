@@ -84,7 +84,9 @@ class Runners(Generic[T]):
     ``task``; it must not raise (except when its task is cancelled). ``limit`` bounds the
     runners. ``drive(task)``, if given, makes runner ``task``'s driver instead of
     :func:`_drive` over ``handle`` (the worker's own, which runs the usual message without a
-    coroutine of its own).
+    coroutine of its own). ``waits(item, task)``, if given, is called when an item's first
+    step yields, before anything else runs: from then on it runs beside other items (the
+    worker keeps its lease from then on).
     """
 
     __slots__ = (
@@ -93,6 +95,7 @@ class Runners(Generic[T]):
         "_handle",
         "_idle",
         "_stopping",
+        "_waits",
         "backlog",
         "limit",
         "name",
@@ -107,6 +110,7 @@ class Runners(Generic[T]):
         stopping: asyncio.Event,
         *,
         drive: Callable[[asyncio.Task[None]], Driver] | None = None,
+        waits: Callable[[T, asyncio.Task[None]], None] | None = None,
     ) -> None:
         self.name = name
         self.limit = limit
@@ -115,6 +119,7 @@ class Runners(Generic[T]):
         self._idle: list[asyncio.Future[None]] = []
         self._handle = handle
         self._drive = drive
+        self._waits = waits
         self._stopping = stopping
         self._closed = False
 
@@ -185,6 +190,8 @@ class Runners(Generic[T]):
                 # its first step here: a handler that returns without waiting costs no more
                 yielded = ctx.run(step, item)
                 if yielded is not DONE:
+                    if self._waits is not None:
+                        self._waits(item, me)
                     more()  # it waits: another runner carries on with the backlog
                     await run_in(ctx, driver, yielded)
             except asyncio.CancelledError:

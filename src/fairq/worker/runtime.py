@@ -37,6 +37,7 @@ from .parts import (
     _Acks,
     _Consumer,
     _PushSettings,
+    _Queued,
     _Running,
     _SliceRun,
     queue_of,
@@ -135,8 +136,14 @@ class Runtime:
         consumers = {**self._consumers, **self._domains}
         running: dict[str, int] = dict.fromkeys(consumers, 0)
         for run in list(self._running.values()):
+            if run.task is None and run.consumer.runners is not None:
+                continue  # one the keeper found in a backlog: counted with the backlog
             name = run.consumer.name
             running[name] = running.get(name, 0) + 1
+        for c in self._with_runners():  # received, waiting for a runner
+            assert c.runners is not None
+            if c.runners.backlog:
+                running[c.name] = running.get(c.name, 0) + len(c.runners.backlog)
         stats = self.stats
         for name, c in consumers.items():
             stats.queues[name] = c.run
@@ -159,6 +166,11 @@ class Runtime:
             backend_down=down,
             stopping=self._stopping is None or self._stopping.is_set(),
         )
+
+    def _with_runners(self) -> list[_Consumer]:
+        """The consumers whose messages run in runners (queues, push subscriptions, and
+        those retired while the worker runs)."""
+        return [c for c in (*self._consumers.values(), *self._retired) if c.runners is not None]
 
     def takes_url_from_environment(self) -> bool:
         """True when made without a broker or URL: :meth:`run` connects to ``$FAIRQ_URL``
@@ -427,15 +439,28 @@ class Runtime:
             if not msgs:
                 await wakeups.wait(token, self.poll_wait)
                 continue
-            runners.add(self._track(c, msgs))  # a runner task starts them at once (runners.py)
+            runners.add(self._queued(c, msgs))  # a runner task starts them at once (runners.py)
 
-    def _track(self, c: _Consumer, msgs: list[Received]) -> list[_Running]:
-        """Count messages just received for ``c`` and keep their leases from now on (the
-        lease keeper extends what is in ``_running``)."""
+    def _count_received(self, c: _Consumer, msgs: list[Received]) -> float:
+        """Count messages just received for ``c``; the loop time their leases end."""
         self.stats.received += len(msgs)
         c.run.received += len(msgs)
         self.stats.queues[c.name] = c.run
-        until = asyncio.get_running_loop().time() + c.lease
+        return asyncio.get_running_loop().time() + c.lease
+
+    def _queued(self, c: _Consumer, msgs: list[Received]) -> list[_Queued]:
+        """Count messages just received for ``c``'s runners, each with the loop time its
+        lease ends. No ``_Running`` of their own yet: the lease keeper finds them in the
+        runners' backlog, and a message gets one only if it is still there when the keeper
+        extends its lease or once its handler waits (``_waits``) — a handler that returns
+        without waiting runs to its end before the keeper can run at all."""
+        until = self._count_received(c, msgs)
+        return [(m, until) for m in msgs]
+
+    def _track(self, c: _Consumer, msgs: list[Received]) -> list[_Running]:
+        """Count messages just received for ``c`` and keep their leases from now on (the
+        lease keeper extends what is in ``_running``): a slice's messages."""
+        until = self._count_received(c, msgs)
         runs = [_Running(c, m, until) for m in msgs]
         running = self._running
         for run in runs:
@@ -489,16 +514,28 @@ class Runtime:
             async with asyncio.timeout(self._outage_wait):
                 await self._stopping.wait()
 
-    def _runners(self, c: _Consumer) -> Runners[_Running]:
+    def _runners(self, c: _Consumer) -> Runners[_Queued]:
         """The runners of queue consumer ``c`` (runners.py), each with a driver of its own."""
         assert self._stopping is not None
         return Runners(
             c.name,
             c.concurrency,
-            self._handle,
+            functools.partial(self._handle, c),
             self._stopping,
             drive=functools.partial(self._drive, c),
+            waits=functools.partial(self._waits, c),
         )
+
+    def _waits(self, c: _Consumer, item: _Queued, task: asyncio.Task[None]) -> None:
+        """A message of ``c``'s runners waits (its handler, or the settling of what it
+        raised) in runner ``task``: from now on its lease is kept (``_running``) and the
+        shutdown waits for ``task``."""
+        msg, until = item
+        run = self._running.get(msg.receipt)
+        if run is None:
+            self._running[msg.receipt] = _Running(c, msg, until, task)
+        else:  # the keeper found it in the backlog, or what it raised is being settled
+            run.task = task
 
     @types.coroutine
     def _drive(self, c: _Consumer, task: asyncio.Task[None]) -> Driver:
@@ -510,15 +547,14 @@ class Runtime:
         acks_of = self._acks
         stats = self.stats
         usual = c.is_async and c.idempotency is None
-        run = yield DONE
+        item = yield DONE
         while True:
             if not usual or self._metrics is not None:
-                yield from self._handle(run, task)
-                run = yield DONE
+                yield from self._handle(c, item, task)
+                item = yield DONE
                 continue
             # (what _handle does with _invoke, _succeeded and _queue_ack inlined)
-            run.task = task
-            msg = run.msg
+            msg = item[0]
             handled = False
             try:
                 try:
@@ -532,8 +568,10 @@ class Runtime:
                     per_queue[msg.queue] = per_queue.get(msg.queue, 0) + 1
                     handled = True
             finally:
-                run.settled = True
-                running.pop(msg.receipt, None)
+                if running:  # (it is there only if it waited or the keeper found it)
+                    run = running.pop(msg.receipt, None)
+                    if run is not None:
+                        run.settled = True
                 if handled:
                     acks = acks_of.get(msg.queue)
                     if acks is None:
@@ -544,21 +582,21 @@ class Runtime:
                 c.busy -= 1
                 if self._slot_waiters:
                     self._slots_changed()
-            run = yield DONE
+            item = yield DONE
 
-    async def _handle(self, run: _Running, task: asyncio.Task[None]) -> None:
-        """Run one received message to its end in runner ``task``: handler, then ack (queued),
-        nack or dead letter; its slot is free when this returns."""
-        run.task = task
-        c, msg = run.consumer, run.msg
+    async def _handle(self, c: _Consumer, item: _Queued, task: asyncio.Task[None]) -> None:
+        """Run one received message of ``c`` to its end in runner ``task``: handler, then ack
+        (queued), nack or dead letter; its slot is free when this returns."""
+        msg = item[0]
         handled = False
         try:
             handled = await self._invoke(c, msg)
         finally:
             # from here on no lease keeping: the ack is on its way (or nothing is left to do);
             # an extension already sent that finds the message acked is no lost lease
-            run.settled = True
-            self._running.pop(msg.receipt, None)
+            run = self._running.pop(msg.receipt, None)
+            if run is not None:
+                run.settled = True
             if handled:
                 self._queue_ack(c, msg)
             self._free += 1
@@ -680,7 +718,7 @@ class Runtime:
             self.stats.rejected += 1
             counts.rejected += 1
             await self._end_claim(claim, done=False)
-            await self._settle(msg.dead_letter(safe_detail(str(exc.reason))), msg)
+            await self._settle(c, msg.dead_letter(safe_detail(str(exc.reason))), msg)
             return
         if isinstance(exc, asyncio.CancelledError):
             me = asyncio.current_task()
@@ -721,7 +759,7 @@ class Runtime:
         if exc is not None:  # (any text: NUL and lone surrogates escaped)
             error = safe_detail("".join(traceback.format_exception_only(exc)).strip())
         await self._end_claim(claim, done=False)  # before the nack: the retry may run
-        await self._settle(msg.nack(delay, error=error), msg)
+        await self._settle(c, msg.nack(delay, error=error), msg)
 
     async def _give_back(self, msgs: list[Received]) -> None:
         """Release messages a slice leased but will not start (not counted as attempts)."""
@@ -751,7 +789,7 @@ class Runtime:
         if claim is None:
             self.stats.duplicates += 1
             log.info("message %s on %s repeats key %r: acked unhandled", msg.id, c.name, key)
-            await self._settle(msg.ack(), msg)
+            await self._settle(c, msg.ack(), msg)
             return False, None
         claim.keep_alive()
         return True, claim
@@ -770,8 +808,12 @@ class Runtime:
             verb = "complete" if done else "release"
             log.warning("could not %s the claim of key %r: %s", verb, claim.key, exc)
 
-    async def _settle(self, step: Awaitable[None], msg: Received) -> None:
+    async def _settle(self, c: _Consumer, step: Awaitable[None], msg: Received) -> None:
         run = self._running.get(msg.receipt)
+        if run is None and c.runners is not None:
+            # a runner's message that has not waited yet: it may now, and the keeper must
+            # leave it alone (what ends its handling takes it out of ``_running`` again)
+            run = self._running[msg.receipt] = _Running(c, msg, 0.0, asyncio.current_task())
         if run is not None:
             run.settled = True  # a lease extension racing this step is not a lost lease
         try:
@@ -789,47 +831,54 @@ class Runtime:
             )
 
     async def _keep_leases(self) -> None:
-        """Extend the leases of running handlers (one call per queue) and the tokens of
-        running slices before they run out."""
+        """Extend the leases of received messages (running or waiting for a runner) and
+        the tokens of running slices before they run out."""
         loop = asyncio.get_running_loop()
         while True:
             leases = self._lease_lengths()
             await asyncio.sleep(max(0.05, min(min(leases, default=30.0) / 4, 5.0)))
             now = loop.time()
-            due: dict[str, list[_Running]] = {}
-            for run in list(self._running.values()):
-                if (
-                    not run.settled
-                    and not run.lost
-                    and run.lease_until - now < run.consumer.lease / 2
-                ):
-                    due.setdefault(run.msg.queue, []).append(run)
-            for name, runs in due.items():
-                lease = runs[0].consumer.lease
-                try:
-                    q = queue_of(runs[0].msg)
-                    lost = set(await q.extend_batch([r.msg.receipt for r in runs], lease))
-                except ConnectionError as exc:  # the engine is away: said once per outage
-                    if not self._extend_failing:
-                        self._extend_failing = True
-                        log.warning("could not extend leases on %s: %s", name, exc)
-                    continue
-                except Exception:
-                    log.warning("could not extend leases on %s", name, exc_info=True)
-                    continue
-                if self._extend_failing:
-                    self._extend_failing = False
-                    log.info("leases are extended again")
-                until = loop.time() + lease
-                for r in runs:
-                    # an ack (nack, dead letter) that landed before the extension is no loss
-                    if r.msg.receipt in lost and not r.settled:
-                        r.lost = True
-                        log.warning(
-                            "lease of message %s on %s is lost while it runs", r.msg.id, name
-                        )
-                    r.lease_until = until
+            await self._extend_leases(now)
             await self._keep_more(now)
+
+    async def _extend_leases(self, now: float) -> None:
+        """Extend (one call per queue) the leases that end within half their length from
+        ``now``: of running handlers, and of messages still waiting for a runner."""
+        loop = asyncio.get_running_loop()
+        due: dict[str, list[_Running]] = {}
+        running = self._running
+        for run in list(running.values()):
+            if not run.settled and not run.lost and run.lease_until - now < run.consumer.lease / 2:
+                due.setdefault(run.msg.queue, []).append(run)
+        for c in self._with_runners():  # what waits in a backlog, not in _running yet
+            assert c.runners is not None
+            for msg, until in c.runners.backlog:
+                if until - now < c.lease / 2 and msg.receipt not in running:
+                    run = running[msg.receipt] = _Running(c, msg, until)
+                    due.setdefault(msg.queue, []).append(run)
+        for name, runs in due.items():
+            lease = runs[0].consumer.lease
+            try:
+                q = queue_of(runs[0].msg)
+                lost = set(await q.extend_batch([r.msg.receipt for r in runs], lease))
+            except ConnectionError as exc:  # the engine is away: said once per outage
+                if not self._extend_failing:
+                    self._extend_failing = True
+                    log.warning("could not extend leases on %s: %s", name, exc)
+                continue
+            except Exception:
+                log.warning("could not extend leases on %s", name, exc_info=True)
+                continue
+            if self._extend_failing:
+                self._extend_failing = False
+                log.info("leases are extended again")
+            until = loop.time() + lease
+            for r in runs:
+                # an ack (nack, dead letter) that landed before the extension is no loss
+                if r.msg.receipt in lost and not r.settled:
+                    r.lost = True
+                    log.warning("lease of message %s on %s is lost while it runs", r.msg.id, name)
+                r.lease_until = until
 
     async def _shutdown(self) -> None:
         assert self._stopping is not None
@@ -872,12 +921,12 @@ class Runtime:
             if c.runners is None:
                 continue
             c.runners.stop()
-            runs = c.runners.take_backlog()
-            for run in runs:
-                self._running.pop(run.msg.receipt, None)
-                by_queue.setdefault(run.msg.queue, []).append(run.msg)
-            if runs:
-                self._free_slots(c, len(runs))
+            items = c.runners.take_backlog()
+            for msg, _ in items:
+                self._running.pop(msg.receipt, None)
+                by_queue.setdefault(msg.queue, []).append(msg)
+            if items:
+                self._free_slots(c, len(items))
         for msgs in by_queue.values():
             await self._give_back(msgs)
 
