@@ -14,6 +14,7 @@ import contextlib
 import contextvars
 import functools
 import inspect
+import itertools
 import logging
 import random
 import signal
@@ -455,7 +456,7 @@ class Runtime:
         extends its lease or once its handler waits (``_waits``) — a handler that returns
         without waiting runs to its end before the keeper can run at all."""
         until = self._count_received(c, msgs)
-        return [(m, until) for m in msgs]
+        return list(zip(msgs, itertools.repeat(until)))
 
     def _track(self, c: _Consumer, msgs: list[Received]) -> list[_Running]:
         """Count messages just received for ``c`` and keep their leases from now on (the
@@ -546,10 +547,11 @@ class Runtime:
         running = self._running
         acks_of = self._acks
         stats = self.stats
-        usual = c.is_async and c.idempotency is None
+        # (handler times are taken while metrics are served: set before any runner starts)
+        usual = c.is_async and c.idempotency is None and self._metrics is None
         item = yield DONE
         while True:
-            if not usual or self._metrics is not None:
+            if not usual:
                 yield from self._handle(c, item, task)
                 item = yield DONE
                 continue
@@ -564,8 +566,10 @@ class Runtime:
                 else:
                     c.run.ok += 1
                     stats.acked += 1
-                    per_queue = stats.per_queue
-                    per_queue[msg.queue] = per_queue.get(msg.queue, 0) + 1
+                    try:
+                        stats.per_queue[msg.queue] += 1
+                    except KeyError:  # (its first)
+                        stats.per_queue[msg.queue] = 1
                     handled = True
             finally:
                 if running:  # (it is there only if it waited or the keeper found it)
