@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import inspect
+from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
@@ -251,6 +253,35 @@ async def test_a_failure_settling_without_a_wait_before_is_left_alone_by_the_kee
         assert worker._running == {}
         assert (worker.stats.failed, worker.stats.lease_lost) == (1, 0)
         assert (await q.stats()).in_flight == 0
+
+
+class _Awaitable:
+    def __await__(self) -> Generator[Any, None, None]:
+        yield from asyncio.sleep(0).__await__()
+
+
+async def test_a_handler_marked_a_coroutine_function_may_return_any_awaitable() -> None:
+    """A function marked a coroutine function (``inspect.markcoroutinefunction``, Python
+    3.12) is awaited like any other: what it returns need not be a coroutine."""
+    async with await fairq.connect("memory://") as broker:
+        q = await broker.declare_queue("work")
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(3)])
+        worker = fairq.Worker(broker, concurrency=2, handle_signals=False, poll_wait=0.1)
+        done = asyncio.Event()
+        handled = 0
+
+        def handle(msg: fairq.Received) -> _Awaitable:
+            nonlocal handled
+            handled += 1
+            if handled == 3:
+                done.set()
+            return _Awaitable()
+
+        mark = getattr(inspect, "markcoroutinefunction", None)
+        worker.queue("work", concurrency=2)(handle if mark is None else mark(handle))
+        worker._consumers["work"].is_async = True  # (what the mark makes it on 3.12)
+        await _run_until(worker, done)
+        assert (worker.stats.acked, worker.stats.failed) == (3, 0)
 
 
 async def test_a_runner_goes_on_after_an_item_that_raises() -> None:

@@ -54,6 +54,16 @@ log = logging.getLogger("fairq.worker")
 PING_EVERY, PING_TIMEOUT = 1.0, 1.0
 
 
+def _native_coroutine_function(f: Any) -> bool:
+    """Whether calling ``f`` makes a native coroutine: an ``async def`` (or a partial or
+    bound method of one) — unlike what ``inspect.markcoroutinefunction`` marks."""
+    while isinstance(f, functools.partial):
+        f = f.func
+    f = getattr(f, "__func__", f)
+    code = getattr(f, "__code__", None)
+    return code is not None and bool(code.co_flags & inspect.CO_COROUTINE)
+
+
 class Runtime:
     """The core of :class:`fairq.Worker` (which see).
 
@@ -547,8 +557,15 @@ class Runtime:
         running = self._running
         acks_of = self._acks
         stats = self.stats
-        # (handler times are taken while metrics are served: set before any runner starts)
-        usual = c.is_async and c.idempotency is None and self._metrics is None
+        # (handler times are taken while metrics are served: set before any runner starts;
+        # ``yield from`` takes the coroutine of an ``async def``, not any awaitable that a
+        # function marked a coroutine function may return: those are awaited in _invoke)
+        usual = (
+            c.is_async
+            and c.idempotency is None
+            and self._metrics is None
+            and _native_coroutine_function(c.handler)
+        )
         item = yield DONE
         while True:
             if not usual:
