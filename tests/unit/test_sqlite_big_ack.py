@@ -13,6 +13,7 @@ import pytest
 
 import fairq
 from fairq.backends.sqlite import messages
+from sqlite_files import rows
 
 
 def _deletes(broker: fairq.Broker) -> tuple[list[str], object]:
@@ -26,12 +27,8 @@ def _message_deletes(seen: list[str]) -> list[str]:
     return [s for s in seen if s.startswith("DELETE FROM fairq_messages")]
 
 
-def _count(db: Path, sql: str) -> int:
-    conn = sqlite3.connect(db)
-    try:
-        return int(conn.execute(sql).fetchone()[0])
-    finally:
-        conn.close()
+def count(db: Path, sql: str) -> int:
+    return int(rows(db, sql)[0][0])
 
 
 async def test_a_big_ack_of_plain_rows_returns_nothing(tmp_path: Path) -> None:
@@ -50,7 +47,7 @@ async def test_a_big_ack_of_plain_rows_returns_nothing(tmp_path: Path) -> None:
         assert not any("ROLLBACK" in s for s in seen)
         s = await q.stats()
         assert (s.visible, s.in_flight, s.acked) == (50, 0, 200), s
-    assert _count(db, "SELECT count(*) FROM fairq_messages") == 50
+    assert count(db, "SELECT count(*) FROM fairq_messages") == 50
 
 
 async def test_a_lost_receipt_undoes_the_plain_delete(tmp_path: Path) -> None:
@@ -71,7 +68,7 @@ async def test_a_lost_receipt_undoes_the_plain_delete(tmp_path: Path) -> None:
         assert any("RETURNING" in s for s in _message_deletes(seen))
         s = await q.stats()
         assert (s.visible, s.in_flight, s.acked, s.depth) == (0, 0, 40, 0), s
-    assert _count(db, "SELECT count(*) FROM fairq_messages") == 0
+    assert count(db, "SELECT count(*) FROM fairq_messages") == 0
 
 
 async def test_a_receipt_repeated_in_a_big_ack_is_acked_once(tmp_path: Path) -> None:
@@ -104,7 +101,7 @@ async def test_big_acks_of_shared_bodies_release_them(tmp_path: Path) -> None:
         t = await broker.declare_topic("t")
         subs = [await t.subscribe(f"s{i}") for i in range(2)]
         await t.publish_batch([fairq.Outgoing(f"m{i}") for i in range(100)])
-        assert _count(db, "SELECT count(*) FROM fairq_bodies") == 100
+        assert count(db, "SELECT count(*) FROM fairq_bodies") == 100
         n = messages.LAZY_BELOW * 2
         for _ in range(2):  # the first big ack falls back; the next goes straight there
             seen, conn = _deletes(broker)
@@ -114,8 +111,8 @@ async def test_big_acks_of_shared_bodies_release_them(tmp_path: Path) -> None:
                 conn.set_trace_callback(None)  # type: ignore[attr-defined]
         assert not any("ROLLBACK" in s for s in seen)  # the second one
         assert (await subs[0].stats()).acked == 2 * n
-        assert _count(db, "SELECT count(*) FROM fairq_bodies WHERE refs = 1") == 2 * n
+        assert count(db, "SELECT count(*) FROM fairq_bodies WHERE refs = 1") == 2 * n
         await subs[1].ack_batch([m.receipt for m in await subs[1].receive(100)])
         await subs[0].ack_batch([m.receipt for m in await subs[0].receive(100)])
         assert (await subs[1].stats()).acked == 100
-    assert _count(db, "SELECT count(*) FROM fairq_bodies") == 0
+    assert count(db, "SELECT count(*) FROM fairq_bodies") == 0

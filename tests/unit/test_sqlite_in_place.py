@@ -15,25 +15,13 @@ import pytest
 
 import fairq
 from fairq.backends.sqlite import messages
-
-
-def _rows(db: Path, sql: str) -> list[tuple[object, ...]]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
+from sqlite_files import rows, wal_frames
 
 
 def _in_place(db: Path) -> int:
     return int(
-        _rows(db, "SELECT count(*) FROM fairq_messages WHERE state = 0 AND avail_at < -1")[0][0]
+        rows(db, "SELECT count(*) FROM fairq_messages WHERE state = 0 AND avail_at < -1")[0][0]
     )
-
-
-def _frames(db: Path) -> int:
-    wal = Path(f"{db}-wal")
-    return wal.stat().st_size // (4096 + 24) if wal.exists() else 0
 
 
 async def test_a_small_receive_leases_in_place_and_writes_two_pages(tmp_path: Path) -> None:
@@ -42,15 +30,15 @@ async def test_a_small_receive_leases_in_place_and_writes_two_pages(tmp_path: Pa
     async with await fairq.connect(f"sqlite:///{db}", clock=fairq.ManualClock()) as broker:
         q = await broker.declare_queue("q")
         await q.send_batch([fairq.Outgoing(b"x" * 200) for _ in range(n)])
-        before = _frames(db)
+        before = wal_frames(db)
         for _ in range(n):
             await q.receive()
-        assert (_frames(db) - before) / n < 2.3
+        assert (wal_frames(db) - before) / n < 2.3
         assert _in_place(db) == n
-        assert _rows(db, "SELECT queue_id FROM fairq_lazy") == [(1,)]
+        assert rows(db, "SELECT queue_id FROM fairq_lazy") == [(1,)]
         s = await q.stats()  # settled first: counted, in state 1 with their lease's end
         assert (s.visible, s.in_flight, s.sent) == (0, n, n), s
-        assert _in_place(db) == 0 and _rows(db, "SELECT * FROM fairq_lazy") == []
+        assert _in_place(db) == 0 and rows(db, "SELECT * FROM fairq_lazy") == []
 
 
 async def test_a_queue_with_priorities_leases_the_other_way(tmp_path: Path) -> None:
@@ -101,7 +89,7 @@ async def test_acks_of_rows_leased_in_place_small_and_big(tmp_path: Path) -> Non
         short = await q.receive(max_messages=2, visibility_timeout=5)  # in place
         long = [(await q.receive(visibility_timeout=60))[0] for _ in range(20)]  # in place
         await long[0].ack()  # a small ack: the row's lease becomes -1, nothing else
-        assert _rows(db, "SELECT count(*) FROM fairq_messages WHERE lease = -1") == [(1,)]
+        assert rows(db, "SELECT count(*) FROM fairq_messages WHERE lease = -1") == [(1,)]
         clock.advance(10)  # the two short leases have ended, not the long ones
         with pytest.raises(fairq.LeaseLost) as lost:  # a big ack: those two are lost
             await q.ack_batch([m.receipt for m in long[1:] + short])
@@ -128,7 +116,7 @@ async def test_settling_counts_in_place_rows_and_releases_their_bodies(tmp_path:
             await m.ack()
         s = await subs[0].stats()
         assert (s.visible, s.in_flight, s.acked) == (1, 1, 2), s
-        refs = _rows(db, "SELECT refs FROM fairq_bodies ORDER BY id")
+        refs = rows(db, "SELECT refs FROM fairq_bodies ORDER BY id")
         assert refs == [(1,), (1,), (2,), (2,)]
 
 
@@ -178,7 +166,7 @@ async def test_leasing_in_place_waits_after_an_upgrade(tmp_path: Path) -> None:
     async with await fairq.connect(url) as broker:
         assert len(await broker.queue("q").receive()) == 1
         assert _in_place(db) == 0
-        assert _rows(db, "SELECT state FROM fairq_messages WHERE lease IS NOT NULL") == [(1,)]
+        assert rows(db, "SELECT state FROM fairq_messages WHERE lease IS NOT NULL") == [(1,)]
         conn = sqlite3.connect(db)
         conn.execute("UPDATE fairq_meta SET value = 0 WHERE key = 'formats_from'")
         conn.commit()

@@ -9,32 +9,19 @@ and crashes."""
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import sys
 from pathlib import Path
 
 import fairq
 from fairq.backends.sqlite import messages, writer
-
-
-def _raw(db: Path, sql: str) -> list[tuple[object, ...]]:
-    conn = sqlite3.connect(db)
-    try:
-        return conn.execute(sql).fetchall()
-    finally:
-        conn.close()
+from sqlite_files import rows, wal_frames
 
 
 def _acked_rows(db: Path) -> int:
     sql = (  # marked acked: at -1 or -0.5, or (schema 12) a receive not counted, lease -1
         "SELECT count(*) FROM fairq_messages WHERE (avail_at >= -1 AND avail_at < 0) OR lease = -1"
     )
-    return int(_raw(db, sql)[0][0])
-
-
-def _frames(db: Path) -> int:
-    wal = Path(f"{db}-wal")
-    return wal.stat().st_size // (4096 + 24) if wal.exists() else 0
+    return int(rows(db, sql)[0][0])
 
 
 async def test_an_ack_marks_its_row_and_the_counts_stay_exact(tmp_path: Path) -> None:
@@ -44,10 +31,10 @@ async def test_an_ack_marks_its_row_and_the_counts_stay_exact(tmp_path: Path) ->
         q = await broker.declare_queue("q", visibility_timeout=30)
         await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(3)])
         got = await q.receive(max_messages=3)
-        counted = _raw(db, "SELECT acked, in_flight FROM fairq_queues")
+        counted = rows(db, "SELECT acked, in_flight FROM fairq_queues")
         await q.ack_batch([m.receipt for m in got[:2]])
         assert _acked_rows(db) == 2
-        assert _raw(db, "SELECT acked, in_flight FROM fairq_queues") == counted  # unwritten
+        assert rows(db, "SELECT acked, in_flight FROM fairq_queues") == counted  # unwritten
         clock.advance(60)  # every lease ended: the third comes back, the acked two do not
         (again,) = await q.receive(max_messages=10)
         assert again.body == b"m2"
@@ -81,7 +68,7 @@ async def test_a_big_ack_deletes_at_once(tmp_path: Path) -> None:
         got = await q.receive(max_messages=messages.LAZY_BELOW)
         await q.ack_batch([m.receipt for m in got])
         assert _acked_rows(db) == 0
-        assert _raw(db, "SELECT count(*) FROM fairq_messages") == [(0,)]
+        assert rows(db, "SELECT count(*) FROM fairq_messages") == [(0,)]
         assert (await q.stats()).acked == messages.LAZY_BELOW
 
 
@@ -94,7 +81,7 @@ async def test_closing_settles_what_this_writer_acked(tmp_path: Path) -> None:
         await m.ack()
         assert _acked_rows(db) == 1
     assert _acked_rows(db) == 0
-    assert _raw(db, "SELECT acked, in_flight FROM fairq_queues WHERE name = 'q'") == [(1, 0)]
+    assert rows(db, "SELECT acked, in_flight FROM fairq_queues WHERE name = 'q'") == [(1, 0)]
 
 
 async def test_a_bounded_queue_does_not_count_acked_rows(tmp_path: Path) -> None:
@@ -168,20 +155,20 @@ async def test_a_small_receive_writes_two_pages_and_a_small_ack_two(tmp_path: Pa
         q = await broker.declare_queue("q")
         for _ in range(n):
             await q.send(b"x" * 200)
-        before = _frames(db)
+        before = wal_frames(db)
         msgs = [(await q.receive())[0] for _ in range(n)]
         # the row and its delivery-order entry, moved next to the queue's head on the same
         # page (leased in place, schema 13; it entered the due-time index before, a third
         # page); no queue row (a counted receive writes four)
-        assert (_frames(db) - before) / n < 2.5
+        assert (wal_frames(db) - before) / n < 2.5
         s = await q.stats()
         assert (s.visible, s.in_flight, s.sent) == (0, n, n), s
-        before = _frames(db)
+        before = wal_frames(db)
         for m in msgs:
             await m.ack()
         # the row's page and an ix_waiting page (now and then a third, as the index's
         # leaves change); no queue row, per-queue index or last id, as a delete writes
-        assert (_frames(db) - before) / n < 2.5
+        assert (wal_frames(db) - before) / n < 2.5
 
 
 async def test_an_ack_of_a_receive_not_counted_yet_writes_one_page(tmp_path: Path) -> None:
@@ -191,12 +178,12 @@ async def test_an_ack_of_a_receive_not_counted_yet_writes_one_page(tmp_path: Pat
         q = await broker.declare_queue("q")
         await q.send_batch([fairq.Outgoing(b"x" * 200) for _ in range(n)])
         msgs = [(await q.receive())[0] for _ in range(n)]  # their receives not counted yet
-        before = _frames(db)
+        before = wal_frames(db)
         for m in msgs:
             await m.ack()
         # the row's page alone: its lease becomes -1 and no index entry moves (it moved
         # to avail_at -0.5, an ix_waiting page, before schema 12); settling does the rest
-        assert (_frames(db) - before) / n < 1.5
+        assert (wal_frames(db) - before) / n < 1.5
         assert _acked_rows(db) == n
         s = await q.stats()
         assert (s.sent, s.acked, s.in_flight, s.visible, s.redelivered) == (n, n, 0, 0, 0), s
@@ -254,6 +241,6 @@ async def test_a_big_ack_counts_the_small_receives_it_deletes(tmp_path: Path) ->
         await q.send_batch([fairq.Outgoing(b"x") for _ in range(n + 1)])
         got = [(await q.receive())[0] for _ in range(n)]  # each one uncounted
         await q.ack_batch([m.receipt for m in got])  # deleted at once, receives counted
-        assert _raw(db, "SELECT count(*) FROM fairq_messages") == [(1,)]
+        assert rows(db, "SELECT count(*) FROM fairq_messages") == [(1,)]
         s = await q.stats()
         assert (s.visible, s.in_flight, s.acked, s.redelivered) == (1, 0, n, 0), s
