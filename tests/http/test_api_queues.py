@@ -251,3 +251,11 @@ async def test_a_batch_that_never_fits_is_422_not_retry_later(api: httpx.AsyncCl
     await api.post("/v1/queues/rej/messages", json=send_body("a"))
     r = await api.post("/v1/queues/rej/messages", json=send_body("b"))
     assert (r.status_code, r.json()["error"], r.headers["Retry-After"]) == (429, "queue_full", "1")
+
+
+async def test_a_query_parameter_given_twice_is_refused(api: httpx.AsyncClient) -> None:
+    # which of the two was meant is anyone's guess: the API answers neither (422)
+    r = await api.get("/v1/queues?cursor=a&cursor=b")
+    assert r.status_code == 422, r.text
+    assert r.json()["error"] == "validation_error" and "cursor" in r.text
+    assert (await api.get("/v1/queues?cursor=a&limit=2")).status_code == 200

@@ -141,7 +141,14 @@ def endpoint(
                     # numbers (outside message bodies) and check again
                     call.body = msgspec.convert(_integral(msgspec.json.decode(raw)), body_type)
             if route.query is not None:
-                call.query = msgspec.convert(dict(request.query_params), route.query, strict=False)
+                params = request.query_params
+                items = params.multi_items()
+                if len(items) != len(params):  # (every parameter takes one value)
+                    twice = sorted({k for k, _ in items if len(params.getlist(k)) > 1})
+                    raise ApiError(
+                        422, "validation_error", f"query parameter given more than once: {twice}"
+                    )
+                call.query = msgspec.convert(dict(params), route.query, strict=False)
             if capped and waits(route.stream, call.body):
                 assert waiting is not None
                 if not waiting.take():
