@@ -8,6 +8,7 @@ redis-py is imported here and in the modules beside this one only.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from urllib.parse import parse_qsl, unquote, urlsplit
 from ...errors import BackendError, ConnectionError, InvalidOption
 
 try:
+    import redis
     import redis.asyncio as aioredis
     from redis import exceptions as rex
     from redis.asyncio.cluster import ClusterNode, RedisCluster
@@ -347,4 +349,20 @@ def script_error(exc: rex.ResponseError) -> ScriptError | None:
 
 # RedisClusterException is not a RedisError (a node that is not a cluster, a lost slot map)
 DriverErrors: tuple[type[BaseException], ...] = (rex.RedisError, rex.RedisClusterException, OSError)
+
+
+def torn_connection(exc: AttributeError) -> bool:
+    """Whether ``exc`` was raised inside redis-py itself: its asyncio connection, closed by
+    a failover while a command was being sent, has no stream left ('NoneType' object has
+    no attribute 'writelines', redis-py 5.3 on a Redis Cluster). An engine out of reach
+    like any other, not a fault of fairq's."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_REDIS_PY)
+
+
+_REDIS_PY = os.path.dirname(redis.__file__) + os.sep  # redis-py's own files
+
+
 Callback = Callable[[str], None]

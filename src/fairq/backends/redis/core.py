@@ -32,6 +32,7 @@ from .conn import (
     rex,
     run_script,
     script_error,
+    torn_connection,
 )
 from .wake import Subscriber
 
@@ -177,6 +178,10 @@ class RedisCore(Backend):
             driver_error(exc, self.url)
         except DriverErrors as exc:
             driver_error(exc, self.url)
+        except AttributeError as exc:
+            if not torn_connection(exc):
+                raise
+            driver_error(rex.ConnectionError(f"connection closed while in use: {exc}"), self.url)
 
     async def run_key(self, script: str, key: str, *args: Any) -> Any:
         """Run ``script`` on the slot of ``key`` (``KEYS[1]``)."""
@@ -192,6 +197,10 @@ class RedisCore(Backend):
             driver_error(exc, self.url)
         except DriverErrors as exc:
             driver_error(exc, self.url)
+        except AttributeError as exc:
+            if not torn_connection(exc):
+                raise
+            driver_error(rex.ConnectionError(f"connection closed while in use: {exc}"), self.url)
 
     async def command(self, *args: Any) -> Any:
         """One plain Redis command (keys of one slot), driver errors as fairq errors."""
@@ -203,6 +212,10 @@ class RedisCore(Backend):
             return got
         except DriverErrors as exc:
             driver_error(exc, self.url)
+        except AttributeError as exc:
+            if not torn_connection(exc):
+                raise
+            driver_error(rex.ConnectionError(f"connection closed while in use: {exc}"), self.url)
 
     def raise_common(self, err: ScriptError) -> None:
         """Raise the fairq error for a script error every operation can give."""
