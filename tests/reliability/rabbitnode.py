@@ -18,6 +18,7 @@ from pathlib import Path
 
 BIN = Path("/usr/lib/rabbitmq/bin")
 PORT, DIST_PORT = 25690, 25691
+HOP_RETRY_MS = 5000  # rabbit dead_letter_worker_publisher_confirm_timeout (see below)
 
 
 def available() -> bool:
@@ -49,7 +50,11 @@ class RabbitNode:
             RABBITMQ_CONFIG_FILE=str(base / "rabbitmq.conf"),
             RABBITMQ_ENABLED_PLUGINS_FILE=str(base / "enabled_plugins"),
             RABBITMQ_CONF_ENV_FILE=str(base / "none.conf"),
-            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
+            RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} "
+            # a hop of the durable delay wheel that the next queue did not confirm (it was
+            # still starting after a kill -9) is sent again after this many ms: 180,000 by
+            # default, longer than a test waits; docs/backends.md says so for operators
+            f"-rabbit dead_letter_worker_publisher_confirm_timeout {HOP_RETRY_MS}",
         )
         self.url_base = f"amqp://guest:guest@127.0.0.1:{PORT}/"
 
