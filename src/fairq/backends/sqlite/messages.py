@@ -28,7 +28,7 @@ from ..rules import (
     CopyPlan,
     dead_letter_attributes,
 )
-from .txn import INSERT_VISIBLE, QueueRow, Row, Txn, chunks, in_list, insert_rows, marks
+from .txn import INSERT_VISIBLE, QueueRow, Row, Txn, chunks, ids_in, in_list, insert_rows, marks
 
 READY, WAITING, BLOCKED = 0, 1, 2
 # a published copy keeps its body in fairq_bodies (shared by its topic's copies): body_ref
@@ -710,8 +710,8 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
         for chunk in chunks(ids):
             if plain:
                 conn.execute("SAVEPOINT fairq_ack")
-                sql = in_list(_DELETE_PLAIN, len(chunk))
-                if conn.execute(sql, (*chunk, lease, qid, now)).rowcount == len(chunk):
+                sql, matched = ids_in(_DELETE_PLAIN, chunk)
+                if conn.execute(sql, (*matched, lease, qid, now)).rowcount == len(chunk):
                     conn.execute("RELEASE fairq_ack")
                     done += len(chunk)
                     top = max(top, max(chunk))

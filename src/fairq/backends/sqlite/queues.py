@@ -49,7 +49,7 @@ from .messages import (
     rows_by_id,
     settle,
 )
-from .txn import Row, Txn, chunks, in_list, marks
+from .txn import Row, Txn, chunks, ids_in, in_list, marks
 
 
 # -- operations ----------------------------------------------------------------------------
@@ -185,7 +185,8 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
                 cur.execute(_REGISTER, (qid,))
                 lazy_queues.add(qid)
         else:
-            cur.execute(in_list(_LEASE, len(ids)), (-until if lazy else until, lease, *ids))
+            sql, matched = ids_in(_LEASE, ids)
+            cur.execute(sql, (-until if lazy else until, lease, *matched))
         t.waiting_until(until)
         k = len(rows)
         if lazy:

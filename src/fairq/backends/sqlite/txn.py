@@ -67,6 +67,32 @@ def in_list(sql: str, n: int, _cache: dict[tuple[str, int], str] = {}) -> str:  
     return text
 
 
+SPAN_FROM = 16  # ids_in: a list of ids at least this long may be matched as a range
+
+
+def ids_in(
+    sql: str,
+    ids: Sequence[int],
+    _cache: dict[str, str] = {},  # noqa: B006 - deliberate memo
+) -> tuple[str, Sequence[int]]:
+    """``sql``, whose ``id IN ({marks})`` names ``ids``, and the parameters of that list:
+    ``id BETWEEN ? AND ?`` and ``(lo, hi)`` when the ids are lo..hi, each once (the rows of
+    a batch received in id order, and its ack); else the list (:func:`in_list`) and the
+    ids. A range is one seek where a list is a temporary index of the values and a seek per
+    id: 0.3-0.4 µs a row of a receive and its ack (tests/unit/test_sqlite_id_ranges.py)."""
+    n = len(ids)
+    if n >= SPAN_FROM:
+        lo = min(ids)
+        hi = max(ids)
+        if hi - lo + 1 == n and len(set(ids)) == n:
+            text = _cache.get(sql)
+            if text is None:
+                assert "id IN ({marks})" in sql, sql
+                text = _cache[sql] = sql.replace("id IN ({marks})", "id BETWEEN ? AND ?")
+            return text, (lo, hi)
+    return in_list(sql, n), ids
+
+
 def marks(n: int, _cache: dict[int, str] = {}) -> str:  # noqa: B006 - deliberate memo
     """``?,?,...`` with ``n`` placeholders."""
     s = _cache.get(n)
