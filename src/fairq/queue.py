@@ -217,6 +217,13 @@ class Queue:
         ``Unsupported``.
         """
         env = make_envelope(body, attributes, delay, priority, group, dedup_id, self._max_bytes)
+        if timeout is None and connection is None:
+            # the common case, as _send's, without its coroutine: one frame fewer a message
+            try:
+                return (await self._backend.send(self.name, [env]))[0]
+            except QueueFull as full:
+                if full.overflow != "block":
+                    raise
         ids = await self._send([env], timeout, connection)
         return ids[0]
 
