@@ -164,6 +164,19 @@ def drop_pg_database() -> None:
         _pg_database = None
 
 
+def pg_connections() -> int:
+    """How many connections this process's test database has now (the tests of one
+    process run one at a time, so: the running test's, plus any an earlier test left)."""
+    import psycopg
+
+    with psycopg.connect(f"{PG_SERVER}/postgres", autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s", (pg_database(),)
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def pg_url(schema: str | None = None, **options: str) -> str:
     """A URL on this process's test database, in a new schema unless one is named."""
     schema = schema or f"t_{secrets.token_hex(6)}"
