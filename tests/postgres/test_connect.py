@@ -14,7 +14,7 @@ import pytest
 import fairq
 from fairq.backends.postgres import PostgresBackend, migrate
 from fairq.backends.postgres.connection import mask, parse_url
-from services import PG_SERVER, drop_namespace, pg_database, pg_url
+from services import PG_SERVER, drop_namespace, pg_connections, pg_database, pg_url
 from services import require as _require
 
 
@@ -176,6 +176,26 @@ async def test_ten_brokers_connecting_at_once_migrate_once() -> None:
             assert [r[0] for r in await cur.fetchall()] == [m.version for m in migrate.migrations()]
     finally:
         drop_namespace(url)
+
+
+async def test_a_broker_holds_at_most_pool_max_connections_and_none_after_close(
+    url: str,
+) -> None:
+    """What a broker costs the server's max_connections: its pool (``pool_min`` to
+    ``pool_max``) and, once it waited, the LISTEN connection; closing gives them all back.
+    (The test suite shares one server: 51 brokers at up to 2 connections each took 99 of
+    its 100.)"""
+    async with await fairq.connect(f"{url}&pool_max=2") as b:
+        q = await b.declare_queue("jobs")
+        await asyncio.gather(*(q.send({"n": i}) for i in range(50)))
+        assert len(await q.receive(max_messages=50)) == 50
+        assert await q.receive(wait=0.3) == []  # a wait: the LISTEN connection is opened
+        assert pg_connections() <= 2 + 1
+    for _ in range(100):  # a backend leaves pg_stat_activity just after its client closed
+        if pg_connections() == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert pg_connections() == 0, "a closed broker left connections open"
 
 
 async def test_a_newer_schema_is_refused() -> None:
