@@ -49,3 +49,23 @@ async def test_a_plain_batch_keeps_order_attributes_and_counts(tmp_path: Path) -
         assert (b.id, b.body, b.attributes["k"]) == (ids[1], b'{"n":1}', "v")
         stats = await q.stats()
         assert (stats.sent, stats.in_flight, stats.visible) == (2, 2, 0)
+
+
+async def test_receipts_of_one_receive_are_read_as_one_lease_and_still_checked(
+    tmp_path: Path,
+) -> None:
+    # the receipts of one receive share their ".<lease>" tail: read at once, each id still
+    # parsed and checked (one malformed or out-of-range id is refused, nothing is acked)
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'acks.db'}") as broker:
+        q = await broker.declare_queue("work")
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(40)])
+        got = await q.receive(max_messages=40)
+        receipts = [m.receipt for m in got]
+        tail = receipts[0][16:]
+        for bad in ("zzzzzzzzzzzzzzzz", "000.000000000001", "ffffffffffffffff", "-000000000000001"):
+            with pytest.raises(fairq.InvalidMessage):
+                await q.ack_batch([*receipts[:20], bad + tail, *receipts[20:]])
+            assert (await q.stats()).acked == 0
+        await q.ack_batch(receipts)
+        stats = await q.stats()
+        assert (stats.acked, stats.in_flight) == (40, 0)

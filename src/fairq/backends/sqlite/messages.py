@@ -681,12 +681,17 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
     # the receipts of one receive share their lease: parse each lease once
     by_lease: dict[str, list[int]] = {}
     try:
-        for receipt in receipts:
-            head, _, tail = receipt.partition(".")
-            ids = by_lease.get(tail)
-            if ids is None:
-                ids = by_lease[tail] = []
-            ids.append(int(head, 16))
+        tail = receipts[0][16:] if receipts else ""  # ".<lease>" after the id's 16 digits
+        if tail[:1] == "." and all(r[16:] == tail for r in receipts):
+            # the receipts of one receive (an ack_batch of what it returned): one lease
+            by_lease[tail[1:]] = [int(r[:16], 16) for r in receipts]
+        else:
+            for receipt in receipts:
+                head, _, tail = receipt.partition(".")
+                ids = by_lease.get(tail)
+                if ids is None:
+                    ids = by_lease[tail] = []
+                ids.append(int(head, 16))
         leases = [(storable_lease(int(tail, 16)), ids) for tail, ids in by_lease.items()]
     except (AttributeError, TypeError, ValueError):
         for receipt in receipts:
