@@ -19,12 +19,20 @@ def extensions_after_acks(broker: fairq.Broker) -> Iterator[list[str]]:
     acked = asyncio.Event()
     raced: list[str] = []
     ack, extend = backend.ack, backend.extend
+    ack_receive = backend.ack_receive
     progress = backend.attention_progress
 
     async def ack_then_tell(queue: str, receipts: list[str]) -> list[str]:
         lost = await ack(queue, receipts)
         acked.set()
         return lost
+
+    async def ack_receive_then_tell(
+        queue: str, receipts: list[str], n: int, vt: float | None
+    ) -> tuple[list[str], list[fairq.Received]]:  # a worker's acks sent with its receive
+        got = await ack_receive(queue, receipts, n, vt)
+        acked.set()
+        return got
 
     async def progress_then_tell(
         domain: str, token: str, key: str, queue: str, receipts: list[str]
@@ -41,9 +49,11 @@ def extensions_after_acks(broker: fairq.Broker) -> Iterator[list[str]]:
         return lost
 
     backend.ack, backend.extend = ack_then_tell, extend_after_the_ack  # type: ignore[method-assign]
+    backend.ack_receive = ack_receive_then_tell  # type: ignore[method-assign]
     backend.attention_progress = progress_then_tell  # type: ignore[method-assign]
     try:
         yield raced
     finally:
         backend.ack, backend.extend = ack, extend  # type: ignore[method-assign]
+        backend.ack_receive = ack_receive  # type: ignore[method-assign]
         backend.attention_progress = progress  # type: ignore[method-assign]

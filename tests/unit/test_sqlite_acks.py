@@ -5,6 +5,7 @@ and reports only the stale receipt as lost."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,41 @@ async def test_receipts_of_one_receive_are_read_as_one_lease_and_still_checked(
         await q.ack_batch(receipts)
         stats = await q.stats()
         assert (stats.acked, stats.in_flight) == (40, 0)
+
+
+async def test_ack_receive_is_one_transaction_and_reports_lost_receipts(tmp_path: Path) -> None:
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'acks.db'}") as broker:
+        q = await broker.declare_queue("work")
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(30)])
+        backend = broker.backend
+        got = await q.receive(max_messages=10)
+        stale = got[0].receipt
+        await got[0].nack()  # its lease ends: its receipt is no longer current
+        writer = backend._writer  # type: ignore[attr-defined]
+        before = writer.commits
+        lost, more = await backend.ack_receive("work", [m.receipt for m in got], 20, None)
+        assert writer.commits - before == 1
+        assert lost == [stale]
+        assert len(more) == 20  # (the nacked one is now behind the others: visible)
+        stats = await q.stats()
+        assert (stats.acked, stats.in_flight, stats.visible) == (9, 20, 1)
+
+
+async def test_a_given_up_ack_receive_keeps_its_acks_and_hands_back_its_leases(
+    tmp_path: Path,
+) -> None:
+    async with await fairq.connect(f"sqlite:///{tmp_path / 'acks.db'}") as broker:
+        q = await broker.declare_queue("work")
+        await q.send_batch([fairq.Outgoing(f"m{i}") for i in range(30)])
+        backend = broker.backend
+        got = await q.receive(max_messages=10)
+        loop = asyncio.get_running_loop()
+        loop.call_soon(lambda: None)  # something else ready: the call waits for the writer
+        fut = backend.ack_receive("work", [m.receipt for m in got], 10, None)
+        fut.cancel()  # the consumer gave up (a worker stopping) before it ran
+        for _ in range(100):
+            stats = await q.stats()
+            if stats.acked == 10 and stats.in_flight == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert (stats.acked, stats.in_flight, stats.visible) == (10, 0, 20)

@@ -284,6 +284,19 @@ class Backend(ABC):
     async def ack(self, queue: str, receipts: list[str]) -> list[str]:
         """Delete the messages of current leases; return the receipts that were not current."""
 
+    #: whether :meth:`ack_receive` is one step at the engine (a worker's consumer then sends
+    #: the acks of the handlers that freed its slots with its next receive)
+    acks_with_receive: ClassVar[bool] = False
+
+    async def ack_receive(
+        self, queue: str, receipts: list[str], max_messages: int, visibility_timeout: float | None
+    ) -> tuple[list[str], list[Received]]:
+        """Ack ``receipts`` (as :meth:`ack`), then receive (as :meth:`receive`): the
+        receipts not current and the messages. By default two steps, one after the other;
+        a backend that does both in one (one transaction) sets ``acks_with_receive``."""
+        lost = await self.ack(queue, receipts)
+        return lost, await self.receive(queue, max_messages, visibility_timeout)
+
     @abstractmethod
     async def nack(self, queue: str, receipt: str, delay: float, error: str | None = None) -> None:
         """End a lease without success: visible after ``delay``, or dead-lettered if it was

@@ -99,6 +99,7 @@ class _Consumer:
     runners: Runners[_Queued] | None = None  # the tasks its received messages run in
     retired: bool = False  # stop receiving (a push subscription that is gone or changed)
     window: int = 0  # what it told the backend it may run at once (consumer_window)
+    parked: bool = False  # waiting for a free slot (Runtime._take_slots)
 
 
 @dataclass(slots=True, eq=False)

@@ -405,9 +405,16 @@ class Runtime:
         stopping = self._stopping
         assert stopping is not None
         while not (stopping.is_set() or (self._free > 0 and c.busy < c.concurrency)):
+            if c.queue is not None and c.queue.name in self._acks:
+                # the acks left for its next receive (_queue_ack) wait for no slot
+                self._send_acks(c.queue.name)
             waiter = asyncio.get_running_loop().create_future()
             self._slot_waiters.append(waiter)
-            await waiter
+            c.parked = True
+            try:
+                await waiter
+            finally:
+                c.parked = False
         if stopping.is_set():
             return 0
         n = min(self._free, c.concurrency - c.busy, most or self.concurrency)
@@ -435,8 +442,12 @@ class Runtime:
             n = await self._take_slots(c)
             if n == 0:
                 return
+            acks = self._acks.pop(q.name, None) if q._backend.acks_with_receive else None
             try:
-                msgs = await q.receive(max_messages=n, visibility_timeout=c.visibility_timeout)
+                if acks is None:
+                    msgs = await q.receive(max_messages=n, visibility_timeout=c.visibility_timeout)
+                else:
+                    msgs = await self._ack_receive(c, acks, n)
             except ConnectionError as exc:  # the engine is away: keep going (SPEC §10 rule 2)
                 await self._give_slots(c, n)
                 await self._outage(exc)
@@ -451,6 +462,27 @@ class Runtime:
                 await wakeups.wait(token, self.poll_wait)
                 continue
             runners.add(self._queued(c, msgs))  # a runner task starts them at once (runners.py)
+
+    async def _ack_receive(self, c: _Consumer, acks: _Acks, n: int) -> list[Received]:
+        """Receive ``n`` for ``c`` with the acks of the handlers that freed its slots, in one
+        step of a backend that can (``acks_with_receive``: SQLite, one transaction and one
+        commit, no task and no pass of the loop for the acks). If that step fails, nothing
+        of it happened: the acks go by a task of their own, and the receive is tried alone
+        (its error is the consumer's, as any receive's)."""
+        q = c.queue
+        assert q is not None
+        try:
+            lost, msgs = await q._backend.ack_receive(
+                q.name, [m.receipt for m in acks.entries], n, c.visibility_timeout
+            )
+        except Exception:
+            task = asyncio.create_task(self._ack_batch(acks), name=f"fairq-ack:{q.name}")
+            self._ack_senders.add(task)
+            task.add_done_callback(self._ack_senders.discard)
+            return await q.receive(max_messages=n, visibility_timeout=c.visibility_timeout)
+        if lost:
+            self._lost_acks(acks.entries, set(lost))
+        return q._attach(msgs)
 
     def _count_received(self, c: _Consumer, msgs: list[Received]) -> float:
         """Count messages just received for ``c``; the loop time their leases end."""
@@ -634,7 +666,10 @@ class Runtime:
         if acks is None:
             q = c.queue or queue_of(msg)  # an attention consumer has no queue of its own
             acks = self._acks[q.name] = _Acks(q, [])
-            asyncio.get_running_loop().call_soon(self._send_acks, q.name)
+            if not (c.parked and c.queue is q and q._backend.acks_with_receive):
+                asyncio.get_running_loop().call_soon(self._send_acks, q.name)
+            # (else the slot this message frees wakes its consumer, which sends them with
+            # its next receive, in one step: _ack_receive; or by a task if it gets no slot)
         acks.entries.append(msg)
 
     def _send_acks(self, name: str) -> None:
@@ -666,8 +701,11 @@ class Runtime:
                 level, "could not ack %d message(s) on %s: %s", len(entries), acks.queue.name, exc
             )
             self._not_acked(entries)
-        if not lost:  # (the usual case: no pass over the batch)
-            return
+        if lost:  # (the usual case, none lost: no pass over the batch)
+            self._lost_acks(entries, lost)
+
+    def _lost_acks(self, entries: list[Received], lost: set[str]) -> None:
+        """Handled messages whose ack found their lease gone: counted, and said."""
         self._not_acked([m for m in entries if m.receipt in lost])
         for msg in entries:
             if msg.receipt in lost:

@@ -181,6 +181,14 @@ class SQLiteBackend(Backend):
     def ack(self, queue: str, receipts: list[str]) -> asyncio.Future[list[str]]:  # type: ignore[override]
         return self._call(store.ack, queue, receipts)
 
+    acks_with_receive = True
+
+    def ack_receive(  # type: ignore[override]
+        self, queue: str, receipts: list[str], max_messages: int, visibility_timeout: float | None
+    ) -> asyncio.Future[tuple[list[str], list[Received]]]:
+        """Both in one transaction: one commit where an ack and a receive made two."""
+        return self._call(store.ack_receive, queue, receipts, max_messages, visibility_timeout)
+
     async def nack(self, queue: str, receipt: str, delay: float, error: str | None = None) -> None:
         await self._call(store.nack, queue, receipt, delay, error)
 

@@ -224,6 +224,15 @@ def ack(t: Txn, name: str, receipts: list[str]) -> list[str]:
     return ack_leased(t, t.queue(name), receipts)[1]
 
 
+def ack_receive(
+    t: Txn, name: str, receipts: list[str], n: int, visibility_timeout: float | None
+) -> tuple[list[str], list[Received]]:
+    """An ack, then a receive, in one transaction (a worker's consumer: the acks of the
+    handlers that freed its slots, and the messages for those slots)."""
+    lost = ack_leased(t, t.queue(name), receipts)[1]
+    return lost, receive(t, name, n, visibility_timeout)
+
+
 def nack(t: Txn, name: str, receipt: str, delay: float, error: str | None = None) -> None:
     q = t.queue(name)
     rows, lost = current_leases(t, q, [receipt], full=True)

@@ -622,6 +622,8 @@ class Writer:
     ) -> None:
         for fut, value, exc in results:
             if fut.cancelled():
+                if exc is None and isinstance(value, tuple) and len(value) == 2:
+                    value = value[1]  # (an ack_receive: its acks stand, its receive not)
                 if (
                     exc is None
                     and isinstance(value, list)
