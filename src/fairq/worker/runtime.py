@@ -476,9 +476,7 @@ class Runtime:
                 q.name, [m.receipt for m in acks.entries], n, c.visibility_timeout
             )
         except Exception:
-            task = asyncio.create_task(self._ack_batch(acks), name=f"fairq-ack:{q.name}")
-            self._ack_senders.add(task)
-            task.add_done_callback(self._ack_senders.discard)
+            self._ack_task(acks)
             return await q.receive(max_messages=n, visibility_timeout=c.visibility_timeout)
         if lost:
             self._lost_acks(acks.entries, set(lost))
@@ -675,9 +673,13 @@ class Runtime:
     def _send_acks(self, name: str) -> None:
         acks = self._acks.pop(name, None)
         if acks is not None:
-            task = asyncio.create_task(self._ack_batch(acks), name=f"fairq-ack:{name}")
-            self._ack_senders.add(task)
-            task.add_done_callback(self._ack_senders.discard)
+            self._ack_task(acks)
+
+    def _ack_task(self, acks: _Acks) -> None:
+        """Send ``acks`` by a task of their own (awaited at shutdown: ``_settled``)."""
+        task = asyncio.create_task(self._ack_batch(acks), name=f"fairq-ack:{acks.queue.name}")
+        self._ack_senders.add(task)
+        task.add_done_callback(self._ack_senders.discard)
 
     def _not_acked(self, msgs: list[Received]) -> None:
         """Handled messages whose ack did not happen: ``acked`` counted them too early."""

@@ -362,6 +362,15 @@ def torn_connection(exc: AttributeError) -> bool:
     return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_REDIS_PY)
 
 
+def torn_error(exc: AttributeError, url: str) -> NoReturn:
+    """Raise an ``AttributeError`` caught around a command: as the engine out of reach
+    (:func:`driver_error`) if redis-py raised it itself (:func:`torn_connection`), else as
+    it is (a fault of fairq's)."""
+    if not torn_connection(exc):
+        raise exc
+    driver_error(rex.ConnectionError(f"connection closed while in use: {exc}"), url)
+
+
 _REDIS_PY = os.path.dirname(redis.__file__) + os.sep  # redis-py's own files
 
 

@@ -32,7 +32,7 @@ from .conn import (
     rex,
     run_script,
     script_error,
-    torn_connection,
+    torn_error,
 )
 from .wake import Subscriber
 
@@ -179,9 +179,7 @@ class RedisCore(Backend):
         except DriverErrors as exc:
             driver_error(exc, self.url)
         except AttributeError as exc:
-            if not torn_connection(exc):
-                raise
-            driver_error(rex.ConnectionError(f"connection closed while in use: {exc}"), self.url)
+            torn_error(exc, self.url)
 
     async def run_key(self, script: str, key: str, *args: Any) -> Any:
         """Run ``script`` on the slot of ``key`` (``KEYS[1]``)."""
@@ -198,9 +196,7 @@ class RedisCore(Backend):
         except DriverErrors as exc:
             driver_error(exc, self.url)
         except AttributeError as exc:
-            if not torn_connection(exc):
-                raise
-            driver_error(rex.ConnectionError(f"connection closed while in use: {exc}"), self.url)
+            torn_error(exc, self.url)
 
     async def command(self, *args: Any) -> Any:
         """One plain Redis command (keys of one slot), driver errors as fairq errors."""
@@ -213,9 +209,7 @@ class RedisCore(Backend):
         except DriverErrors as exc:
             driver_error(exc, self.url)
         except AttributeError as exc:
-            if not torn_connection(exc):
-                raise
-            driver_error(rex.ConnectionError(f"connection closed while in use: {exc}"), self.url)
+            torn_error(exc, self.url)
 
     def raise_common(self, err: ScriptError) -> None:
         """Raise the fairq error for a script error every operation can give."""
