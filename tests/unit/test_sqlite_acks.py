@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import fairq
+from fairq.backends.sqlite.messages import _ids_of
 
 
 async def test_ack_batch_across_leases_with_a_repeat_and_a_stale_receipt(tmp_path: Path) -> None:
@@ -108,3 +109,15 @@ async def test_a_given_up_ack_receive_keeps_its_acks_and_hands_back_its_leases(
                 break
             await asyncio.sleep(0.01)
         assert (stats.acked, stats.in_flight, stats.visible) == (10, 0, 20)
+
+
+def test_the_ids_of_one_lease_are_decoded_together_as_int_would() -> None:
+    # all the digits at once (bytes.fromhex, struct); what only int() reads goes to int()
+    tail = ".1f2e3d"
+    ids = [0, 1, 0x0123456789ABCDEF, (1 << 63) - 1, 1 << 63, (1 << 64) - 1]
+    receipts = [f"{i:016x}{tail}" for i in ids]
+    assert list(_ids_of(receipts, tail)) == ids
+    upper = [r[:16].upper() + tail for r in receipts]
+    assert list(_ids_of(upper, tail)) == ids
+    for odd in ("+00000000000000f", "0000_00000000001", " 00000000000001f"):
+        assert list(_ids_of([receipts[0], odd + tail], tail)) == [0, int(odd, 16)]

@@ -20,6 +20,9 @@ def test_a_run_of_ids_is_a_range_and_anything_else_a_list() -> None:
     run = list(range(100, 100 + SPAN_FROM))
     assert ids_in(SQL, run) == ("DELETE FROM t WHERE id BETWEEN ? AND ? AND lease = ?", (100, 115))
     assert ids_in(SQL, run[::-1])[1] == (100, 115)  # (the order does not matter)
+    swapped = [*run[:5], run[6], run[5], *run[7:]]
+    assert ids_in(SQL, swapped)[1] == (100, 115)
+    assert ids_in(SQL, tuple(run))[1] == (100, 115)  # (a tuple, as an ack's parse gives)
     holed = [*run[:-1], 200]
     repeated = [*run[:-1], 100]
     short = run[: SPAN_FROM - 1]

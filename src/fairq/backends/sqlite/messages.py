@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import sqlite3
+import struct
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -50,9 +51,10 @@ SELECT_READY = (
     "FROM fairq_messages WHERE queue_id = ? AND state = 0 AND avail_at >= 0 "
     "ORDER BY priority DESC, avail_at, id LIMIT ?"
 )
-# ... and of a queue without priorities, one seek past them in ix_ready
+# ... and of a queue without priorities, one seek past them in ix_ready (its priority is
+# the constant: SQLite then reads one column fewer of each row)
 SELECT_READY_FLAT = (
-    "SELECT id, priority, attempt, grp, "
+    "SELECT id, 0, attempt, grp, "
     "coalesce(body, (SELECT body FROM fairq_bodies WHERE id = body_ref)), attrs "
     "FROM fairq_messages WHERE queue_id = ? AND state = 0 AND priority = 0 AND avail_at >= 0 "
     "ORDER BY avail_at, id LIMIT ?"
@@ -410,7 +412,7 @@ _DELETE_ACKED = (
 
 
 def _mark_acked(
-    t: Txn, q: QueueRow, receipts: Sequence[str], leases: list[tuple[int, list[int]]]
+    t: Txn, q: QueueRow, receipts: Sequence[str], leases: list[tuple[int, Sequence[int]]]
 ) -> tuple[int, list[str]]:
     """The ack of a few messages of a non-FIFO queue: their leased rows become acked rows,
     which :func:`settle` deletes and counts. A row whose receive is not counted yet (leased
@@ -671,6 +673,21 @@ def current_leases(
     return rows, lost
 
 
+def _ids_of(receipts: Sequence[str], tail: str) -> Sequence[int]:
+    """The ids of receipts that each are 16 characters then ``tail`` (the caller checked),
+    decoded together: the digits of all of them in one ``bytes.fromhex``, read as big-endian
+    64-bit numbers by ``struct`` (a fifth of the time of ``int(r[:16], 16)`` each). Digits
+    that are not plain hex (``int`` also takes a sign, ``_`` and spaces) go to ``int``."""
+    n = len(receipts)
+    try:
+        raw = bytes.fromhex("".join(receipts).replace(tail, ""))
+    except ValueError:
+        raw = b""
+    if len(raw) == 8 * n:  # (fromhex skips spaces: then fewer bytes)
+        return struct.unpack(f">{n}Q", raw)
+    return [int(r[:16], 16) for r in receipts]
+
+
 def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[str]]:
     """Ack the messages of ``q`` whose current lease is named by ``receipts`` (one statement
     per lease token, no read first); return how many were acked and the receipts that named
@@ -679,26 +696,27 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
     deleted at once, with the receives not counted yet of their rows."""
     t.fold(q.id)  # the rows about to go are counted as sent first
     # the receipts of one receive share their lease: parse each lease once
-    by_lease: dict[str, list[int]] = {}
+    leases: list[tuple[int, Sequence[int]]]
     try:
         tail = receipts[0][16:] if receipts else ""  # ".<lease>" after the id's 16 digits
         if tail[:1] == "." and all(r[16:] == tail for r in receipts):
             # the receipts of one receive (an ack_batch of what it returned): one lease
-            by_lease[tail[1:]] = [int(r[:16], 16) for r in receipts]
+            leases = [(storable_lease(int(tail[1:], 16)), _ids_of(receipts, tail))]
         else:
+            by_lease: dict[str, list[int]] = {}
             for receipt in receipts:
                 head, _, tail = receipt.partition(".")
-                ids = by_lease.get(tail)
-                if ids is None:
-                    ids = by_lease[tail] = []
-                ids.append(int(head, 16))
-        leases = [(storable_lease(int(tail, 16)), ids) for tail, ids in by_lease.items()]
+                of_lease = by_lease.get(tail)
+                if of_lease is None:
+                    of_lease = by_lease[tail] = []
+                of_lease.append(int(head, 16))
+            leases = [(storable_lease(int(tail, 16)), ids) for tail, ids in by_lease.items()]
     except (AttributeError, TypeError, ValueError):
         for receipt in receipts:
             parse_receipt(receipt)  # raises InvalidMessage naming the malformed one
         raise
     for _, ids in leases:
-        if max(ids) >= INT64_END or min(ids) < 0:
+        if min(ids) < 0 or max(ids) >= INT64_END:
             for receipt in receipts:
                 parse_receipt(receipt)  # raises InvalidMessage naming the one out of range
     if len(receipts) < LAZY_BELOW and not q.config.fifo:
@@ -709,6 +727,7 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
     plain = not q.config.fifo and qid not in t.store.returning_acks
     rows: list[Row] = []  # the rows _DELETE_ACKED returned
     parts: list[tuple[int, list[Row]]] = []  # each of its statements' rows, with the lease
+    deleted: list[tuple[int, Sequence[int]]] = []  # the ids _DELETE_PLAIN deleted, by lease
     done = 0  # rows _DELETE_PLAIN deleted
     top = -1  # the greatest id among them
     for lease, ids in leases:
@@ -720,7 +739,7 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
                     conn.execute("RELEASE fairq_ack")
                     done += len(chunk)
                     top = max(top, max(chunk))
-                    parts.append((lease, [(mid,) for mid in chunk]))
+                    deleted.append((lease, chunk))
                     continue
                 conn.execute("ROLLBACK TO fairq_ack")
                 conn.execute("RELEASE fairq_ack")
@@ -733,6 +752,7 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
         lost: list[str] = []  # every receipt named a current lease (the common case)
     else:
         found = {(r[0], lease) for lease, got in parts for r in got}
+        found.update((mid, lease) for lease, ids in deleted for mid in ids)
         lost = [r for r in receipts if parse_receipt(r) not in found]
     if not gone:
         return 0, lost

@@ -82,14 +82,20 @@ def ids_in(
     id: 0.3-0.4 µs a row of a receive and its ack (tests/unit/test_sqlite_id_ranges.py)."""
     n = len(ids)
     if n >= SPAN_FROM:
-        lo = min(ids)
-        hi = max(ids)
-        if hi - lo + 1 == n and len(set(ids)) == n:
-            text = _cache.get(sql)
-            if text is None:
-                assert "id IN ({marks})" in sql, sql
-                text = _cache[sql] = sql.replace("id IN ({marks})", "id BETWEEN ? AND ?")
-            return text, (lo, hi)
+        lo = ids[0]
+        hi = lo + n - 1
+        # lo..hi in order (a batch's rows, and its ack) is one comparison in C; any other
+        # order is checked by its bounds and a set
+        if ids[-1] != hi or list(ids) != list(range(lo, hi + 1)):
+            lo = min(ids)
+            hi = max(ids)
+            if hi - lo + 1 != n or len(set(ids)) != n:
+                return in_list(sql, n), ids
+        text = _cache.get(sql)
+        if text is None:
+            assert "id IN ({marks})" in sql, sql
+            text = _cache[sql] = sql.replace("id IN ({marks})", "id BETWEEN ? AND ?")
+        return text, (lo, hi)
     return in_list(sql, n), ids
 
 
