@@ -16,7 +16,9 @@ URL options: ``synchronous=normal`` (default; WAL, survives any process crash) o
 ``full`` (also survives power loss), ``busy_timeout=<seconds>`` (default 10),
 ``page_size=<bytes>`` (a power of two from 512 to 65536, for a file created by this
 connection; SQLite's 4096 otherwise — smaller pages make one-message commits cheaper and
-big batches and big bodies dearer, docs/backends.md#sqlite).
+big batches and big bodies dearer, docs/backends.md#sqlite), ``secure_delete=fast``
+(default: a deleted message is zeroed on the pages its commit writes anyway), ``on`` (also
+on pages freed whole) or ``off`` (left in place until the space is reused).
 """
 
 from __future__ import annotations
@@ -106,9 +108,20 @@ class SQLiteBackend(Backend):
         except ValueError as exc:
             raise InvalidOption("busy_timeout must be a number of seconds") from exc
         page_size = _page_size(options.pop("page_size", None))
+        secure_delete = options.pop("secure_delete", "fast").lower()
+        if secure_delete not in ("on", "fast", "off"):
+            raise InvalidOption(f"secure_delete must be on, fast or off, got {secure_delete!r}")
         if options:
             raise InvalidOption(f"unknown sqlite URL options: {', '.join(sorted(options))}")
-        self._writer = Writer(path, sync.upper(), busy_timeout, clock, self.wakeups, page_size)
+        self._writer = Writer(
+            path,
+            sync.upper(),
+            busy_timeout,
+            clock,
+            self.wakeups,
+            page_size,
+            secure_delete.upper(),
+        )
         self._call = self._writer.call
         self._pulse_version: int | None = None
         self._watch: WalWatch | None = None  # opened at the first wait, kept until close

@@ -486,6 +486,10 @@ _IN_PLACE_COUNTED = (
 )
 
 
+# the rows of one run still in state 3 (a row of the run acked by a big ack is gone)
+_RUN_SETTLED = "UPDATE fairq_messages SET state = 1 WHERE id BETWEEN ? AND ? AND state = 3"
+
+
 def settle(t: Txn) -> None:
     """Count what receives and acks left uncounted (of any queue, by any process): leases
     not counted yet get their due time back and move from ``visible`` to ``in_flight``;
@@ -500,6 +504,13 @@ def settle(t: Txn) -> None:
     # acked ones first (counted by queue, then deleted), then the leases not counted yet
     # get their due time back
     groups: list[Row] = []
+    # the leases in state 3 first (schema 14): into state 1, so that what follows (and
+    # everything after settle) finds every lease there; a row acked since by a small ack
+    # (ACKED, no lease) is still in its run and is settled below with the others
+    runs = cur.execute("SELECT lo, hi FROM fairq_runs").fetchall()
+    if runs:
+        cur.executemany(_RUN_SETTLED, runs)
+        cur.execute("DELETE FROM fairq_runs")
     lazy = cur.execute("SELECT queue_id FROM fairq_lazy").fetchall()
     for (qid,) in lazy:
         acked = cur.execute(_IN_PLACE_ACKED_COUNTS, (qid,)).fetchall()
@@ -882,10 +893,12 @@ def store_copies(t: Txn, plan: CopyPlan) -> None:
 
 # the earliest due time of a waiting row: a delay's or counted lease's, and a lease not
 # counted yet (its end negated, below -1; or leased in place, one seek per queue named in
-# fairq_lazy). A row acked since (ACKED_LEASE) still counts here until settled: at worst a
-# long poll looks once more at what was its lease's end
+# fairq_lazy), or in state 3 (fairq_runs). A row acked since (ACKED_LEASE, or a run acked
+# whole) still counts here until settled: at worst a long poll looks once more at what was
+# its lease's end
 NEXT_DUE = (
-    "SELECT min(coalesce((SELECT MIN(avail_at) FROM fairq_messages "
+    "SELECT min(coalesce((SELECT min(until) FROM fairq_runs), 1e300), "
+    "coalesce((SELECT MIN(avail_at) FROM fairq_messages "
     "WHERE state = 1 AND avail_at >= 0), 1e300), coalesce(-(SELECT MAX(avail_at) "
     "FROM fairq_messages WHERE state = 1 AND avail_at < -1), 1e300), "
     "coalesce((SELECT min((SELECT m.avail_at FROM fairq_messages m "

@@ -49,7 +49,7 @@ from .messages import (
     rows_by_id,
     settle,
 )
-from .txn import Row, Txn, chunks, ids_in, in_list, marks
+from .txn import Row, Txn, chunks, id_run, ids_in, in_list, marks
 
 
 # -- operations ----------------------------------------------------------------------------
@@ -142,6 +142,13 @@ _LEASE_IN_PLACE = (
     "UPDATE fairq_messages SET avail_at = ?, attempt = attempt + 1, lease = ? WHERE id IN ({marks})"
 )
 _REGISTER = "INSERT OR IGNORE INTO fairq_lazy (queue_id) VALUES (?)"
+# ... or, a big receive of one run of ids (not FIFO), in state 3 (schema.sql, version 14): out
+# of ix_ready and into no index, the run named in fairq_runs
+_LEASE_RUN = (
+    "UPDATE fairq_messages SET state = 3, avail_at = ?, attempt = attempt + 1, lease = ? "
+    "WHERE id BETWEEN ? AND ?"
+)
+_RUN = "INSERT INTO fairq_runs (lease, lo, hi, until) VALUES (?, ?, ?, ?)"
 
 
 def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list[Received]:
@@ -158,9 +165,9 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
     lazy = n < LAZY_BELOW and not cfg.fifo and until > 2
     flat = cfg.max_priority == 0
     select = SELECT_READY_FLAT if flat else SELECT_READY
-    in_place = (
-        lazy and flat and until < LEASED_OFFSET - 2 and (t.store.new_formats or t.new_formats())
-    )
+    new = t.store.new_formats or t.new_formats()
+    in_place = lazy and flat and until < LEASED_OFFSET - 2 and new
+    runs = not lazy and not cfg.fifo and new
     out: list[Received] = []
     while len(out) < n:
         lease = new_lease()
@@ -185,6 +192,9 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
             if qid not in lazy_queues:  # (settle finds the rows through fairq_lazy)
                 cur.execute(_REGISTER, (qid,))
                 lazy_queues.add(qid)
+        elif runs and (run := id_run(ids)) is not None:
+            cur.execute(_LEASE_RUN, (until, lease, *run))
+            cur.execute(_RUN, (lease, *run, until))
         else:
             sql, matched = ids_in(_LEASE, ids)
             cur.execute(sql, (-until if lazy else until, lease, *matched))

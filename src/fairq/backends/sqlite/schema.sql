@@ -1,4 +1,4 @@
--- fairq's SQLite schema, version 13. Every statement is idempotent (IF NOT EXISTS), so
+-- fairq's SQLite schema, version 14. Every statement is idempotent (IF NOT EXISTS), so
 -- txn.apply_schema brings a file of any older version up to date by running this file
 -- again (plus any non-additive step it names), then records fairq_meta.schema_version.
 --   version 1: queues and messages
@@ -16,12 +16,20 @@
 --               a small ack of a receive not counted yet sets lease = -1 (one page)
 --   version 13: a small receive of a queue without priorities leases its rows in place
 --               (below: two B-tree pages, not three), its queue named in fairq_lazy
+--   version 14: a big receive whose rows are one run of ids leases them in state 3, in no
+--               partial index, its run named in fairq_runs (below)
 --
--- A message is in one of three states:
+-- A message is in one of three states (and a fourth while a big receive holds it):
 --   0 ready     visible now; ix_ready holds the delivery order (priority, availability, id)
 --   1 waiting   delayed (lease IS NULL) or leased (lease = token of the current delivery);
 --               ix_waiting holds when each comes due
 --   2 blocked   in a FIFO queue, behind the head of its group (ix_fifo)
+--   3 leased    by a receive of LAZY_BELOW or more rows of a non-FIFO queue whose ids are
+--               one run lo..hi (version 14): counted at once, its lease's end as avail_at,
+--               but in no partial index (no ix_ready entry moved into ix_waiting, none for
+--               its ack to delete), the run named in fairq_runs. messages.settle moves every
+--               such row to state 1 (its end its due time), before anything but a receive
+--               or an ack reads rows or moves a lease, and every second or so
 -- What is not counted yet takes two more forms. A receive of a few messages of a non-FIFO
 -- queue writes no queue row: of a queue without priorities (max_priority 0) it leases its
 -- rows in place (version 13): they stay in state 0, priority 0, with the lease's end kept as
@@ -114,6 +122,17 @@ CREATE TABLE IF NOT EXISTS fairq_inbox (
 CREATE TABLE IF NOT EXISTS fairq_lazy (
     queue_id INTEGER PRIMARY KEY
 ) WITHOUT ROWID;
+
+-- version 14: the leases in state 3 (above), one row per receive: its lease token, the run
+-- of ids it leased and when the lease ends. Nothing but messages.settle deletes a row here
+-- (an ack leaves it: settle finds no row of a run acked whole, one range probe); next_due
+-- takes the earliest end, so a lease that ends before anyone settles is swept on time
+CREATE TABLE IF NOT EXISTS fairq_runs (
+    lease INTEGER PRIMARY KEY,
+    lo    INTEGER NOT NULL,
+    hi    INTEGER NOT NULL,
+    until REAL NOT NULL
+);
 
 -- the message at the head of each FIFO group (ready, delayed or leased)
 CREATE TABLE IF NOT EXISTS fairq_fifo_heads (

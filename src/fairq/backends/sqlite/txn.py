@@ -27,10 +27,10 @@ from ...model.topics import Subscription, SubscriptionIndex, TopicConfig
 
 log = logging.getLogger("fairq.sqlite")
 
-SCHEMA_VERSION = 13
-# seconds after an upgrade to schema 12 or 13 before a writer uses their new row formats (the
-# inbox, ACKED_LEASE, rows leased in place): four times the 0.5 s within which a process of
-# an older fairq stops writing
+SCHEMA_VERSION = 14
+# seconds after an upgrade to schema 12, 13 or 14 before a writer uses their new row formats
+# (the inbox, ACKED_LEASE, rows leased in place, state 3): four times the 0.5 s within which
+# a process of an older fairq stops writing
 FORMATS_GRACE = 2.0
 CHUNK = 500  # ids per IN (...) list, well under SQLite's variable limit
 Row = tuple[Any, ...]
@@ -70,6 +70,23 @@ def in_list(sql: str, n: int, _cache: dict[tuple[str, int], str] = {}) -> str:  
 SPAN_FROM = 16  # ids_in: a list of ids at least this long may be matched as a range
 
 
+def id_run(ids: Sequence[int]) -> tuple[int, int] | None:
+    """``(lo, hi)`` when ``ids`` are lo..hi, each once, and at least ``SPAN_FROM`` of them;
+    else None. In order (a batch's rows, and its ack) it is one comparison in C; any other
+    order is checked by its bounds and a set."""
+    n = len(ids)
+    if n < SPAN_FROM:
+        return None
+    lo = ids[0]
+    hi = lo + n - 1
+    if ids[-1] != hi or list(ids) != list(range(lo, hi + 1)):
+        lo = min(ids)
+        hi = max(ids)
+        if hi - lo + 1 != n or len(set(ids)) != n:
+            return None
+    return lo, hi
+
+
 def ids_in(
     sql: str,
     ids: Sequence[int],
@@ -80,23 +97,14 @@ def ids_in(
     a batch received in id order, and its ack); else the list (:func:`in_list`) and the
     ids. A range is one seek where a list is a temporary index of the values and a seek per
     id: 0.3-0.4 µs a row of a receive and its ack (tests/unit/test_sqlite_id_ranges.py)."""
-    n = len(ids)
-    if n >= SPAN_FROM:
-        lo = ids[0]
-        hi = lo + n - 1
-        # lo..hi in order (a batch's rows, and its ack) is one comparison in C; any other
-        # order is checked by its bounds and a set
-        if ids[-1] != hi or list(ids) != list(range(lo, hi + 1)):
-            lo = min(ids)
-            hi = max(ids)
-            if hi - lo + 1 != n or len(set(ids)) != n:
-                return in_list(sql, n), ids
-        text = _cache.get(sql)
-        if text is None:
-            assert "id IN ({marks})" in sql, sql
-            text = _cache[sql] = sql.replace("id IN ({marks})", "id BETWEEN ? AND ?")
-        return text, (lo, hi)
-    return in_list(sql, n), ids
+    run = id_run(ids)
+    if run is None:
+        return in_list(sql, len(ids)), ids
+    text = _cache.get(sql)
+    if text is None:
+        assert "id IN ({marks})" in sql, sql
+        text = _cache[sql] = sql.replace("id IN ({marks})", "id BETWEEN ? AND ?")
+    return text, run
 
 
 def marks(n: int, _cache: dict[int, str] = {}) -> str:  # noqa: B006 - deliberate memo
@@ -468,9 +476,9 @@ class Txn:
             self.store.uncounted[queue_id] = (known[0], known[1] + n, top)
 
     def new_formats(self) -> bool:
-        """Whether this transaction may write the row formats of schemas 12 and 13 (the
-        inbox, ``ACKED_LEASE``, rows leased in place): not in the first seconds after an
-        older file was upgraded."""
+        """Whether this transaction may write the row formats of schemas 12 to 14 (the
+        inbox, ``ACKED_LEASE``, rows leased in place, state 3): not in the first seconds
+        after an older file was upgraded."""
         store = self.store
         if not store.new_formats and time.time() >= store.formats_from:
             store.new_formats = True

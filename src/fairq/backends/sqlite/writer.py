@@ -164,9 +164,11 @@ class Writer:
         clock: Clock,
         wakeups: Wakeups,
         page_size: int | None = None,
+        secure_delete: str = "FAST",
     ) -> None:
         self.path = path
         self._page_size = page_size  # for a file this writer creates (None: SQLite's 4096)
+        self._secure_delete = secure_delete  # ON, FAST or OFF (the URL option)
         self.clock = clock
         self.wakeups = wakeups
         self._synchronous = synchronous
@@ -203,6 +205,10 @@ class Writer:
         conn.execute(f"PRAGMA synchronous = {self._synchronous}")
         conn.execute("PRAGMA temp_store = MEMORY")
         conn.execute("PRAGMA cache_size = -32000")
+        # deleted rows zeroed on the pages a commit writes anyway, not on pages freed whole
+        # (FAST, the default: ON, as Debian builds SQLite, writes those too, about three
+        # pages more a receive(100)+ack_batch pair; docs/backends.md)
+        conn.execute(f"PRAGMA secure_delete = {self._secure_delete}")
         conn.execute(f"PRAGMA journal_size_limit = {int(_JOURNAL_SIZE_LIMIT)}")
         return conn
 
