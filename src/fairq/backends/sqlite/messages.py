@@ -495,18 +495,18 @@ def settle(t: Txn) -> None:
     not counted yet get their due time back and move from ``visible`` to ``in_flight``;
     acked rows are deleted and move to ``acked``, shared bodies released. Before anything
     reads a queue's counters or moves a leased row otherwise, and by the writer every few
-    hundred receives and acks; three index probes when there is nothing."""
+    hundred receives and acks; four index probes when there is nothing."""
     store = t.store
     store.unsettled = 0
     store.settled_at = t.now
     cur = t.cur
-    # the rows leased in place, queue by queue (schema 13); then of the other rows, the
-    # acked ones first (counted by queue, then deleted), then the leases not counted yet
-    # get their due time back
+    # the runs leased in state 3 (schema 14) into state 1, so that what follows (and
+    # everything after settle) finds every lease there (a row a small ack marked ACKED
+    # since is still in its run, and is settled below with the others); then the rows
+    # leased in place, queue by queue (schema 13); then of the other rows, the acked ones
+    # (counted by queue, then deleted), then the leases not counted yet get their due time
+    # back
     groups: list[Row] = []
-    # the leases in state 3 first (schema 14): into state 1, so that what follows (and
-    # everything after settle) finds every lease there; a row acked since by a small ack
-    # (ACKED, no lease) is still in its run and is settled below with the others
     runs = cur.execute("SELECT lo, hi FROM fairq_runs").fetchall()
     if runs:
         cur.executemany(_RUN_SETTLED, runs)
@@ -727,7 +727,7 @@ def ack_leased(t: Txn, q: QueueRow, receipts: Sequence[str]) -> tuple[int, list[
             parse_receipt(receipt)  # raises InvalidMessage naming the malformed one
         raise
     for _, ids in leases:
-        if min(ids) < 0 or max(ids) >= INT64_END:
+        if max(ids) >= INT64_END or min(ids) < 0:
             for receipt in receipts:
                 parse_receipt(receipt)  # raises InvalidMessage naming the one out of range
     if len(receipts) < LAZY_BELOW and not q.config.fifo:

@@ -195,8 +195,8 @@ def receive(t: Txn, name: str, n: int, visibility_timeout: float | None) -> list
         elif runs and (run := id_run(ids)) is not None:
             cur.execute(_LEASE_RUN, (until, lease, *run))
             cur.execute(_RUN, (lease, *run, until))
-        else:
-            sql, matched = ids_in(_LEASE, ids)
+        else:  # (when runs, id_run has just found no run: the list, without asking again)
+            sql, matched = (in_list(_LEASE, len(ids)), ids) if runs else ids_in(_LEASE, ids)
             cur.execute(sql, (-until if lazy else until, lease, *matched))
         t.waiting_until(until)
         k = len(rows)
